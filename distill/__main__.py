@@ -1,0 +1,3 @@
+from distill.cli.app import main
+
+main()

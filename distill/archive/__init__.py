@@ -1,0 +1,1 @@
+"""Reproducibility: the run manifest (and, later, DVC-managed checkpoints and data)."""

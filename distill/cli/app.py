@@ -1,0 +1,146 @@
+"""The `distill` command. Thin: parse, call the library, print. Heavy imports happen inside commands."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from distill import __version__
+
+app = typer.Typer(
+    name="distill",
+    help="Run, track, diagnose and archive LLM distillation experiments.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """One clear line on stderr and a non-zero exit."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"distill {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_callback(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    # Telemetry off by default: runs happen on clusters and laptops without network.
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    # Spin-waiting OpenMP threads make CPU steps several times slower under load.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    help="Train + eval + log + checkpoint one run. Trailing KEY=VALUE arguments override the config "
+    "(e.g. optim.lr=1e-5 optim.max_steps=20).",
+)
+def run(
+    overrides: Annotated[list[str] | None, typer.Argument(help="dotted overrides, e.g. optim.lr=1e-5")] = None,
+    domain: Annotated[str | None, typer.Option(help="rlve")] = None,
+    method: Annotated[str | None, typer.Option(help="sft | opd")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="a YAML config file")] = None,
+    resume: Annotated[str | None, typer.Option(help="continue a run (id or path) from its last checkpoint")] = None,
+    student: Annotated[str | None, typer.Option(help="student model: zoo:<name>, a path or a hub id")] = None,
+    teacher: Annotated[str | None, typer.Option(help="teacher model: zoo:<name>, a path or a hub id")] = None,
+) -> None:
+    from distill.config import ConfigError, resolve_config
+    from distill.settings import get_settings
+
+    settings = get_settings()
+    overrides = list(overrides or [])
+    for flag, value in (("student.name", student), ("teacher.name", teacher)):
+        if value:
+            overrides.append(f"{flag}={value}")
+    if resume is not None and (domain or method or config or overrides):
+        raise fail("--resume takes the run's saved config; drop the other options")
+    try:
+        cfg = resolve_config(domain, method, config, overrides) if resume is None else None
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
+    from distill.cli.report import print_run_summary
+    from distill.runner import execute
+
+    try:
+        summary = execute(cfg, settings, argv=sys.argv, resume=resume, say=typer.echo)  # type: ignore[arg-type]
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
+    except KeyboardInterrupt:
+        raise fail("interrupted; the run is marked KILLED and can be continued with --resume", 130) from None
+    except Exception as exc:
+        raise fail(f"run failed: {type(exc).__name__}: {exc} (traceback in the run's error.log)", 1) from None
+    print_run_summary(summary, settings)
+
+
+@app.command(name="eval", help="Evaluate a model (zoo:<name>, path, hub id or run checkpoint) on a domain.")
+def eval_cmd(
+    model: Annotated[str, typer.Option(help="zoo:<name>, a local path, a hub id, or runs/<id>/checkpoints/step-N")],
+    domain: Annotated[str, typer.Option(help="rlve")] = "rlve",
+    n: Annotated[int, typer.Option("-n", help="samples per item (k)")] = 1,
+    items: Annotated[int, typer.Option(help="eval items")] = 200,
+    temperature: Annotated[float | None, typer.Option(help="default: 0 for n=1, else 0.7")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="response token budget")] = 64,
+) -> None:
+    from distill.cli.evaluate import run_eval
+
+    try:
+        run_eval(model, domain, n, items, temperature, max_new_tokens)
+    except (ValueError, OSError) as exc:
+        raise fail(str(exc)) from None
+
+
+@app.command(help="List runs: id, domain, method, student, teacher, status, final scores.")
+def runs(
+    as_json: Annotated[bool, typer.Option("--json", help="print summary.json of every run as JSON")] = False,
+) -> None:
+    from distill.cli.report import list_runs
+
+    list_runs(as_json)
+
+
+zoo_app = typer.Typer(help="The embedded default's tiny models, built locally and cached.", no_args_is_help=True)
+app.add_typer(zoo_app, name="zoo")
+
+
+@zoo_app.command("build", help="Build zoo entries for a domain (default: all).")
+def zoo_build(
+    names: Annotated[list[str] | None, typer.Argument(help="e.g. teacher student tok-llama")] = None,
+    domain: Annotated[str, typer.Option(help="domain whose data the models learn")] = "rlve",
+) -> None:
+    from distill.cli.report import zoo_build as build
+
+    try:
+        build(names or [], domain)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+
+
+@zoo_app.command("ls", help="List built zoo entries with their recipe keys and eval scores.")
+def zoo_ls() -> None:
+    from distill.cli.report import zoo_ls as ls
+
+    ls()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""What the CLI prints about runs and the zoo."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from distill.settings import Settings, get_settings
+
+console = Console()
+
+
+def _pct(metrics: dict[str, float] | None, key: str = "accuracy") -> str:
+    if not metrics or key not in metrics:
+        return "-"
+    return f"{metrics[key]:.1%}"
+
+
+def print_run_summary(summary: dict[str, Any], settings: Settings) -> None:
+    from distill.tracking.mlflow import mlflow_ui_command
+
+    before, after = summary.get("student_before", {}), summary.get("student_after", {})
+    teacher = summary.get("teacher_score", {})
+    delta = (after.get("accuracy", 0.0) - before.get("accuracy", 0.0)) * 100
+    uri = summary.get("tracking_uri", settings.resolved_tracking_uri)
+    console.print()
+    console.print(f"[bold]run {summary['run_id']}[/bold]  {summary['status']}  ({summary.get('seconds', 0):.0f} s)")
+    console.print(f"  student  accuracy {_pct(before)} -> {_pct(after)}  ({delta:+.1f} points)")
+    if teacher:
+        console.print(f"  teacher  accuracy {_pct(teacher)}")
+    console.print(f"  run dir  {summary['run_dir']}")
+    console.print(f"  mlflow   run {summary.get('mlflow_run_id')} in {uri}")
+    console.print(f"  open UI  {mlflow_ui_command(uri, settings.artifact_root)}")
+
+
+def _status(summary: dict[str, Any]) -> str:
+    status = summary.get("status", "?")
+    pid = summary.get("pid")
+    if status == "RUNNING" and isinstance(pid, int):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return "DIED"  # killed without a chance to record it; `distill run --resume` continues it
+        except PermissionError:
+            pass
+    return status
+
+
+def load_summaries(settings: Settings) -> list[dict[str, Any]]:
+    if not settings.runs_dir.exists():
+        return []
+    out = []
+    for run_dir in sorted(settings.runs_dir.iterdir()):
+        path = run_dir / "summary.json"
+        if path.exists():
+            summary = json.loads(path.read_text())
+            summary["status"] = _status(summary)
+            out.append(summary)
+    return out
+
+
+def list_runs(as_json: bool) -> None:
+    summaries = load_summaries(get_settings())
+    if as_json:
+        print(json.dumps(summaries, indent=2))
+        return
+    if not summaries:
+        console.print("no runs yet: try `distill run --domain rlve --method opd`")
+        return
+    table = Table(title="runs")
+    for col in ("id", "domain", "method", "student", "teacher", "status", "before", "after", "teacher acc"):
+        table.add_column(col)
+    for s in summaries:
+        table.add_row(
+            s["run_id"], s.get("domain", ""), s.get("method", ""), s.get("student", ""), s.get("teacher", ""),
+            s["status"], _pct(s.get("student_before")), _pct(s.get("student_after")), _pct(s.get("teacher_score")),
+        )
+    console.print(table)
+
+
+def zoo_build(names: list[str], domain: str) -> None:
+    from distill.config import DomainConfig
+    from distill.zoo.build import ensure_built, read_entry
+    from distill.zoo.recipes import RECIPES
+
+    settings = get_settings()
+    cfg = DomainConfig(name=domain)
+    for name in names or list(RECIPES):
+        path = ensure_built(settings.zoo_path, name, cfg)
+        entry = read_entry(path)
+        acc = entry.eval.get("accuracy") if entry else None
+        extra = f"  accuracy {acc:.1%}" if acc is not None else ""
+        console.print(f"zoo:{name}  {path}{extra}")
+
+
+def zoo_ls() -> None:
+    from distill.zoo.build import read_entry
+
+    root = get_settings().zoo_path
+    table = Table(title=f"zoo ({root})")
+    for col in ("name", "domain", "key", "params", "accuracy", "build s"):
+        table.add_column(col)
+    for path in sorted(root.glob("*/*")) if root.exists() else []:
+        entry = read_entry(path) if path.is_dir() else None
+        if entry is None:
+            continue
+        table.add_row(
+            f"zoo:{entry.name}", entry.domain, entry.key, f"{entry.params:,}",
+            _pct(entry.eval), f"{entry.seconds:.0f}",
+        )
+    console.print(table)

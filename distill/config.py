@@ -1,0 +1,276 @@
+"""The run configuration: one pydantic model per concern, composed into `RunConfig`.
+
+Every default lives here. Presets in `configs/<domain>/<method>.yaml` and dotted CLI overrides
+(`optim.lr=1e-5`) are applied on top, then the whole thing is validated once. Nothing heavy is
+imported here: `distill --help` and config errors must stay instant.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+Precision = Literal["fp32", "bf16", "fp16"]
+
+
+class Strict(BaseModel):
+    # coerce_numbers_to_str: `tracking.run_name=2024` arrives from YAML as an int.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, coerce_numbers_to_str=True)
+
+
+class ModelConfig(Strict):
+    """A student or teacher: `zoo:<name>`, a local path, or a Hugging Face id."""
+
+    name: str
+    engine: Literal["hf"] = "hf"
+    precision: Precision = "fp32"
+    # None: the model family's own default; passed to chat templates as `enable_thinking`.
+    enable_thinking: bool | None = None
+
+
+class DomainConfig(Strict):
+    name: str = "rlve"
+    # rlve: rlve-gym environment identifiers and the difficulty parameter handed to generator().
+    environments: list[str] = Field(default_factory=lambda: ["Sorting", "Multiplication"])
+    parameters: dict[str, dict[str, Any]] = Field(
+        default_factory=lambda: {"Sorting": {"N": 3}, "Multiplication": {"digit_num": 1}}
+    )
+    train_size: int = Field(4096, ge=1)
+    eval_size: int = Field(200, ge=1)
+    # Eval items are drawn from a seed stream disjoint from training items.
+    eval_seed: int = 1_000_003
+
+
+class SFTMethod(Strict):
+    name: Literal["sft"] = "sft"
+    # Keep only teacher trajectories the verifier accepts.
+    keep_verified_only: bool = True
+    # Teacher trajectories written per training prompt.
+    samples_per_prompt: int = Field(1, ge=1)
+    # Teacher sampling temperature for its trajectories; 0 is greedy.
+    temperature: float = Field(0.0, ge=0)
+    epochs: float = Field(1.0, gt=0)
+
+
+class OPDMethod(Strict):
+    name: Literal["opd"] = "opd"
+    # A_t = coef * (logp_teacher - logp_student), token_reward_direct: no normalisation.
+    coef: float = 1.0
+    # Optional symmetric clamp of the advantage; None keeps the reference semantics.
+    advantage_clip: float | None = Field(None, gt=0)
+
+
+MethodConfig = Annotated[SFTMethod | OPDMethod, Field(discriminator="name")]
+
+
+class RolloutConfig(Strict):
+    """Student sampling during training (and teacher sampling for teacher-SFT)."""
+
+    prompts_per_step: int = Field(16, ge=1)
+    num_generations: int = Field(2, ge=1)
+    max_new_tokens: int = Field(64, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+
+
+class OptimConfig(Strict):
+    lr: float = Field(1e-4, gt=0)
+    max_steps: int = Field(100, ge=1)
+    warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    grad_accum: int = Field(1, ge=1)
+    # Batch size (sequences) for supervised methods.
+    batch_size: int = Field(32, ge=1)
+
+
+class EvalConfig(Strict):
+    # 0: evaluate only before and after training.
+    every_steps: int = Field(0, ge=0)
+    items: int = Field(200, ge=1)
+    # Samples per item; k=1 with temperature 0 is greedy accuracy.
+    k: int = Field(1, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(64, ge=1)
+    batch_size: int = Field(64, ge=1)
+    eval_teacher: bool = True
+
+
+class CheckpointConfig(Strict):
+    # 0: only the final checkpoint.
+    every_steps: int = Field(25, ge=0)
+
+
+class TrackingConfig(Strict):
+    experiment: str = "distill"
+    run_name: str | None = None
+    # None: DISTILL_TRACKING_URI, else the embedded sqlite store in the workspace.
+    uri: str | None = None
+    # Rollouts written to samples/step-N.jsonl per logged step.
+    sample_rows: int = Field(4, ge=0)
+    log_every_steps: int = Field(1, ge=1)
+
+
+class RunConfig(Strict):
+    domain: DomainConfig = Field(default_factory=DomainConfig)
+    method: MethodConfig = Field(default_factory=OPDMethod)
+    student: ModelConfig = Field(default_factory=lambda: ModelConfig(name="zoo:student"))
+    teacher: ModelConfig = Field(default_factory=lambda: ModelConfig(name="zoo:teacher"))
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    seed: int = 0
+    # torch intra-op threads; 0 leaves torch's default.
+    threads: int = Field(0, ge=0)
+
+
+class ConfigError(ValueError):
+    """A one-line, user-facing configuration error (CLI exit code 2)."""
+
+
+def _known() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    from distill.domains import REGISTRY as domains
+    from distill.methods import REGISTRY as methods
+
+    return tuple(domains), tuple(methods)
+
+
+def presets_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "configs"
+
+
+def preset_path(domain: str, method: str) -> Path:
+    return presets_dir() / domain / f"{method}.yaml"
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"config file {path}{where} is not valid YAML") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r} is not of the form section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {key}: cannot parse value {raw!r}") from exc
+    return key.split("."), value
+
+
+def set_dotted(data: dict[str, Any], path: list[str], value: Any) -> None:
+    node = data
+    for i, part in enumerate(path[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {'.'.join(path)}: {'.'.join(path[: i + 1])} is not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p in ("sft", "opd")))
+        parts.append(f"{loc or '<root>'}: {err['msg']}")
+    return "invalid config: " + "; ".join(parts)
+
+
+def resolve_config(
+    domain: str | None = None,
+    method: str | None = None,
+    config_file: Path | None = None,
+    overrides: list[str] | None = None,
+) -> RunConfig:
+    """Schema defaults <- preset for (domain, method) <- --config file <- dotted overrides."""
+    data: dict[str, Any] = {}
+    if config_file is not None:
+        file_data = read_yaml(config_file)
+    else:
+        file_data = {}
+    parsed = [parse_override(text) for text in overrides or []]
+    # domain.name / method.name given as overrides choose the preset like --domain / --method.
+    named = {".".join(path): value for path, value in parsed if path in (["domain", "name"], ["method", "name"])}
+    domain = domain or named.get("domain.name") or _dig(file_data, "domain", "name") or "rlve"
+    method = method or named.get("method.name") or _dig(file_data, "method", "name") or "opd"
+    domains, methods = _known()
+    if domain not in domains:
+        raise ConfigError(f"unknown domain {domain!r}; known: {', '.join(domains)}")
+    if method not in methods:
+        raise ConfigError(f"unknown method {method!r}; known: {', '.join(methods)}")
+    preset = preset_path(domain, method)
+    if preset.exists():
+        data = read_yaml(preset)
+    data = deep_merge(data, file_data)
+    data = deep_merge(data, {"domain": {"name": domain}, "method": {"name": method}})
+    for path, value in parsed:
+        set_dotted(data, path, value)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+
+
+def _dig(data: dict[str, Any], *keys: str) -> Any:
+    node: Any = data
+    for key in keys:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    return node
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"optim": {"lr": 1e-4}}` -> `{"optim.lr": 1e-4}` (MLflow params)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def dump_config(config: RunConfig, path: Path) -> None:
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+
+
+def load_run_config(path: Path) -> RunConfig:
+    try:
+        return RunConfig.model_validate(read_yaml(path))
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: " + format_validation_error(exc)) from None

@@ -1,0 +1,83 @@
+"""What every domain provides: prompts, an eval set, worked solutions and a verifier."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from distill.config import DomainConfig
+
+
+@dataclass(frozen=True)
+class Item:
+    """One problem. `solution` is a worked response ending in the boxed answer, when known."""
+
+    id: str
+    prompt: str
+    answer: str
+    solution: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Score:
+    reward: float
+    correct: bool
+    # The response carried an answer in the required format (e.g. a final \boxed{}).
+    formatted: bool
+
+
+class Domain(ABC):
+    name: str
+
+    @abstractmethod
+    def train_items(self) -> list[Item]: ...
+
+    @abstractmethod
+    def eval_items(self) -> list[Item]: ...
+
+    @abstractmethod
+    def score(self, item: Item, response: str) -> Score: ...
+
+    def score_batch(self, items: list[Item], responses: list[str]) -> list[Score]:
+        if len(items) != len(responses):
+            raise ValueError(f"score_batch: {len(items)} items but {len(responses)} responses")
+        return [self.score(item, response) for item, response in zip(items, responses, strict=True)]
+
+    def corpus(self) -> list[str]:
+        """Texts a locally trained tokenizer should cover (prompts and solutions)."""
+        texts: list[str] = []
+        for item in self.train_items() + self.eval_items():
+            texts.append(item.prompt)
+            if item.solution:
+                texts.append(item.solution)
+        return texts
+
+
+def cached_items(config: DomainConfig, split: str, make: Callable[[], list[Item]]) -> list[Item]:
+    """Materialised items under `<workspace>/data/`, keyed by the domain config.
+
+    Generation can take seconds (rlve-gym) to minutes (real data sets); every process of a run,
+    the zoo build and the eval reuse one file. The file is also the run's exact training data.
+    """
+    from distill.settings import get_settings
+
+    blob = json.dumps(config.model_dump(mode="json"), sort_keys=True).encode()
+    key = hashlib.sha256(blob).hexdigest()[:12]
+    path = get_settings().workspace / "data" / f"{config.name}-{split}-{key}.jsonl"
+    if path.exists():
+        return [Item(**json.loads(line)) for line in path.read_text().splitlines() if line]
+    items = make()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    with tmp.open("w") as fh:
+        for item in items:
+            fh.write(json.dumps(asdict(item)) + "\n")
+    os.replace(tmp, path)
+    return items

@@ -1,0 +1,167 @@
+"""The transformers engine: chat rendering, batched generation and teacher scoring on one device.
+
+This is the CPU default for student rollouts in eval and for teacher work (scoring the student's
+tokens, writing teacher trajectories). Lengths are checked, never silently cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass(frozen=True)
+class Completion:
+    ids: list[int]  # generated ids, including the EOS token when the model emitted one
+    text: str  # decoded without special tokens
+    truncated: bool  # ended at the token budget without EOS
+
+
+class HFEngine:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        enable_thinking: bool | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.enable_thinking = enable_thinking
+        if tokenizer.pad_token_id is None:
+            raise ValueError(f"tokenizer of {model.name_or_path!r} has no pad token")
+
+    @classmethod
+    def load(cls, path: str, precision: str = "fp32", enable_thinking: bool | None = None) -> HFEngine:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, DTYPES[precision]))
+        model.eval()
+        return cls(model, tokenizer, enable_thinking)
+
+    @property
+    def eos_ids(self) -> set[int]:
+        ids = {self.tokenizer.eos_token_id}
+        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            ids.add(gen_eos)
+        elif gen_eos:
+            ids.update(gen_eos)
+        return {i for i in ids if i is not None}
+
+    def render(self, prompt: str, system: str | None = None) -> str:
+        """The chat-templated prompt text, ending with the assistant header."""
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": prompt}
+        ]
+        kwargs: dict[str, Any] = {}
+        if self.enable_thinking is not None:
+            kwargs["enable_thinking"] = self.enable_thinking
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **kwargs
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def prompt_ids(self, prompt: str, system: str | None = None) -> list[int]:
+        return self.encode(self.render(prompt, system))
+
+    def _left_pad(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
+        width = max(len(r) for r in rows)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            if row:
+                ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+                mask[i, width - len(row) :] = 1
+        return ids, mask
+
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        batch_size: int = 64,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[Completion]:
+        """One completion per prompt row (repeat rows for k samples). temperature 0 is greedy."""
+        import torch
+
+        eos = self.eos_ids
+        out: list[Completion] = []
+        for start in range(0, len(prompt_ids), batch_size):
+            chunk = prompt_ids[start : start + batch_size]
+            ids, mask = self._left_pad(chunk)
+            sampling: dict[str, Any] = (
+                {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+                if temperature > 0
+                else {"do_sample": False}
+            )
+            with torch.inference_mode():
+                generated = self.model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    eos_token_id=sorted(eos),
+                    **sampling,
+                )
+            for row in generated[:, ids.shape[1] :].tolist():
+                cut = next((i for i, tok in enumerate(row) if tok in eos), None)
+                kept = row if cut is None else row[: cut + 1]
+                text = self.tokenizer.decode(kept, skip_special_tokens=True)
+                out.append(Completion(ids=kept, text=text, truncated=cut is None))
+            if progress is not None:
+                progress(len(chunk))
+        return out
+
+    def score(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+        batch_size: int = 64,
+        top_k: int = 0,
+    ) -> list[list[float]]:
+        """Log-probability of each completion token given its prompt and the tokens before it.
+
+        Returns one list per row with exactly `len(completion_ids[i])` entries.
+        """
+        import torch
+
+        if len(prompt_ids) != len(completion_ids):
+            raise ValueError(f"score: {len(prompt_ids)} prompts but {len(completion_ids)} completions")
+        results: list[list[float]] = []
+        for start in range(0, len(prompt_ids), batch_size):
+            prompts = prompt_ids[start : start + batch_size]
+            comps = completion_ids[start : start + batch_size]
+            rows = [list(p) + list(c) for p, c in zip(prompts, comps, strict=True)]
+            ids, mask = self._left_pad(rows)
+            with torch.inference_mode():
+                logits = self.model(input_ids=ids, attention_mask=mask).logits.float()
+            logprobs_B_T = torch.log_softmax(logits[:, :-1], dim=-1)
+            targets_B_T = ids[:, 1:]
+            token_lp_B_T = logprobs_B_T.gather(-1, targets_B_T.unsqueeze(-1)).squeeze(-1)
+            width = ids.shape[1]
+            for i, comp in enumerate(comps):
+                n = len(comp)
+                # Position t predicts token t+1: the completion occupies the last n targets.
+                row = token_lp_B_T[i, width - 1 - n :].tolist() if n else []
+                if len(row) != n:
+                    raise ValueError(f"score: row {start + i} has {n} completion tokens but {len(row)} logprobs")
+                results.append(row)
+        return results

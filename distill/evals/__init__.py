@@ -1,0 +1,1 @@
+"""Evaluation: metrics (avg@k, pass@k, solved) and the single-turn runner."""

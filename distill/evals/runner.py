@@ -1,0 +1,73 @@
+"""Single-turn eval: k samples per item from an engine, graded by the domain's verifier."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from distill.evals.metrics import summarize
+
+if TYPE_CHECKING:
+    from distill.config import EvalConfig
+    from distill.domains.base import Domain, Item
+    from distill.engines.hf import HFEngine
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, float]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w") as fh:
+            fh.write(json.dumps({"metrics": self.metrics}) + "\n")
+            for row in self.rows:
+                fh.write(json.dumps(row) + "\n")
+
+
+def evaluate(
+    engine: HFEngine,
+    domain: Domain,
+    items: list[Item],
+    config: EvalConfig,
+    label: str = "eval",
+    show_progress: bool = True,
+) -> EvalResult:
+    from distill.progress import progress_bar
+
+    k = config.k
+    prompts = [engine.prompt_ids(item.prompt) for item in items]
+    rows_in = [p for p in prompts for _ in range(k)]
+    with progress_bar(label, total=len(rows_in), enabled=show_progress) as advance:
+        completions = engine.generate(
+            rows_in,
+            max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            batch_size=config.batch_size,
+            progress=advance,
+        )
+    correct: list[list[bool]] = []
+    lengths: list[list[int]] = []
+    truncated: list[list[bool]] = []
+    rows: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        samples = completions[i * k : (i + 1) * k]
+        scores = domain.score_batch([item] * k, [c.text for c in samples])
+        correct.append([s.correct for s in scores])
+        lengths.append([len(c.ids) for c in samples])
+        truncated.append([c.truncated for c in samples])
+        rows.append(
+            {
+                "id": item.id,
+                "answer": item.answer,
+                "correct": sum(s.correct for s in scores),
+                "k": k,
+                "responses": [c.text for c in samples[:2]],
+                "truncated": sum(c.truncated for c in samples),
+            }
+        )
+    return EvalResult(metrics=summarize(correct, lengths, truncated, k), rows=rows)

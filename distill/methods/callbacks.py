@@ -1,0 +1,142 @@
+"""The bridge between a TRL trainer and a distill run: metrics, evals and checkpoints.
+
+Every method runs on a transformers/TRL trainer; this callback translates the trainer's log
+lines into distill's metric vocabulary (DESIGN.md), runs the periodic eval, and turns the
+trainer's `checkpoint-N` folders into `step-N` once they are complete (the rename is the commit
+point, so a killed save never looks like a checkpoint).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from transformers import TrainerCallback
+
+if TYPE_CHECKING:
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from distill.methods.context import RunContext
+
+# trainer log key -> distill metric name
+RENAME = {
+    "loss": "train/loss",
+    "grad_norm": "train/grad_norm",
+    "learning_rate": "train/lr",
+}
+
+
+class DistillCallback(TrainerCallback):
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self._step_start = time.perf_counter()
+        self._last_step_time = float("nan")
+        self._bar: Any = None
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any):
+        from distill.progress import StepBar
+
+        self._bar = StepBar(f"training {self.ctx.config.method.name}", state.max_steps, state.global_step)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any):
+        if self._bar is not None:
+            self._bar.close()
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any):
+        self._step_start = time.perf_counter()
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any):
+        self._last_step_time = time.perf_counter() - self._step_start
+        every = self.ctx.config.eval.every_steps
+        if every and state.global_step % every == 0 and state.global_step < state.max_steps:
+            model = kw.get("model")
+            if model is not None and self.ctx.evaluate_student is not None:
+                was_training = model.training
+                model.eval()
+                self.ctx.evaluate_student(state.global_step, model)
+                if was_training:
+                    model.train()
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kw: Any,
+    ):
+        if not logs or "train_runtime" in logs:
+            return
+        metrics: dict[str, float] = {}
+        for key, value in logs.items():
+            if key in RENAME and isinstance(value, (int, float)):
+                metrics[RENAME[key]] = float(value)
+        pending = self.ctx.log.pending
+        metrics.update(pending)
+        pending.clear()
+        metrics["perf/step_time_s"] = self._last_step_time
+        tokens = metrics.pop("_tokens", None)
+        if tokens is not None and self._last_step_time > 0:
+            metrics["perf/tokens_per_s"] = tokens / self._last_step_time
+        self.ctx.log.write(state.global_step, metrics)
+        if self._bar is not None:
+            self._bar.update(state.global_step, metrics)
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any):
+        src = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        dst = Path(args.output_dir) / f"step-{state.global_step}"
+        if src.is_dir():
+            if dst.exists():
+                import shutil
+
+                shutil.rmtree(dst)
+            os.replace(src, dst)
+            self.ctx.log.tracker.set_tags({"checkpoint.last": str(dst)})
+
+
+def quiet(trainer: Any) -> Any:
+    """distill prints its own progress; drop the trainer's dict-per-step printer."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    return trainer
+
+
+def trainer_common_args(ctx: RunContext) -> dict[str, Any]:
+    """TrainingArguments shared by every method: distill owns logging and checkpoint naming."""
+    cfg = ctx.config
+    every = cfg.checkpoint.every_steps
+    return dict(
+        output_dir=str(ctx.checkpoints_dir),
+        max_steps=cfg.optim.max_steps,
+        learning_rate=cfg.optim.lr,
+        lr_scheduler_type=cfg.optim.scheduler,
+        warmup_steps=int(cfg.optim.warmup_ratio * cfg.optim.max_steps),
+        weight_decay=cfg.optim.weight_decay,
+        max_grad_norm=cfg.optim.max_grad_norm,
+        gradient_accumulation_steps=cfg.optim.grad_accum,
+        logging_steps=cfg.tracking.log_every_steps,
+        save_strategy="steps",
+        save_steps=every if every else cfg.optim.max_steps,
+        save_only_model=False,
+        report_to="none",
+        disable_tqdm=True,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        use_cpu=not _has_accelerator(),
+        # TRL's configs default to bf16 autocast; distill's precision is the dtype the weights are
+        # loaded in (student.precision), never a silent autocast.
+        bf16=False,
+        fp16=False,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+    )
+
+
+def _has_accelerator() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,0 +1,116 @@
+"""Teacher-SFT: the teacher writes complete trajectories, the student is fine-tuned on them.
+
+Trajectories are written by the teacher engine for the training prompts (optionally keeping only
+those the domain's verifier accepts), saved to `data/teacher_trajectories.jsonl` in the run, and
+trained with TRL's `SFTTrainer` (CE on the completion tokens only).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+from distill.methods.context import RunContext
+
+if TYPE_CHECKING:
+    from distill.config import SFTMethod
+
+
+def write_trajectories(ctx: RunContext) -> list[dict[str, Any]]:
+    from distill.progress import progress_bar
+
+    cfg = ctx.config
+    method: SFTMethod = cfg.method  # type: ignore[assignment]
+    path = ctx.run_dir / "data" / "teacher_trajectories.jsonl"
+    if path.exists():  # resumed run: the same data, not a fresh draw
+        return [json.loads(line) for line in path.read_text().splitlines()]
+    needed = math.ceil(cfg.optim.max_steps * cfg.optim.batch_size * cfg.optim.grad_accum / method.epochs)
+    items = ctx.domain.train_items()
+    prompts_needed = min(len(items), math.ceil(needed / method.samples_per_prompt))
+    items = items[:prompts_needed]
+    teacher = ctx.teacher
+    prompt_ids = [teacher.prompt_ids(item.prompt) for item in items for _ in range(method.samples_per_prompt)]
+    expanded = [item for item in items for _ in range(method.samples_per_prompt)]
+    with progress_bar("teacher trajectories", total=len(prompt_ids)) as advance:
+        completions = teacher.generate(
+            prompt_ids,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=method.temperature,
+            top_p=cfg.rollout.top_p,
+            batch_size=cfg.eval.batch_size,
+            progress=advance,
+        )
+    scores = ctx.domain.score_batch(expanded, [c.text for c in completions])
+    rows = []
+    for item, comp, score in zip(expanded, completions, scores, strict=True):
+        rows.append(
+            {
+                "item_id": item.id,
+                "prompt": item.prompt,
+                "completion": comp.text,
+                "tokens": len(comp.ids),
+                "truncated": comp.truncated,
+                "correct": score.correct,
+            }
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+    return rows
+
+
+def train(ctx: RunContext) -> None:
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from distill.methods.callbacks import DistillCallback, quiet, trainer_common_args
+
+    cfg = ctx.config
+    method: SFTMethod = cfg.method  # type: ignore[assignment]
+    rows = write_trajectories(ctx)
+    kept = [r for r in rows if r["correct"]] if method.keep_verified_only else rows
+    if not kept:
+        raise ValueError(
+            "sft: no teacher trajectory passed the verifier; the teacher cannot solve these prompts "
+            "(set method.keep_verified_only=false to train on them anyway)"
+        )
+    tokens = [r["tokens"] for r in rows]
+    budget_stats = {
+        "teacher/truncation_rate": sum(r["truncated"] for r in rows) / len(rows),
+        "teacher/ce_target_tokens_mean": sum(tokens) / len(tokens),
+        "teacher/ce_target_tokens_max": float(max(tokens)),
+        "teacher/ce_target_share": (sum(tokens) / len(tokens)) / cfg.rollout.max_new_tokens,
+        "teacher/verified_rate": sum(r["correct"] for r in rows) / len(rows),
+        "teacher/kept_trajectories": float(len(kept)),
+    }
+    ctx.log.tracker.log_metrics(budget_stats, step=0)
+    ctx.log.write(0, budget_stats)
+    dataset = Dataset.from_list(
+        [{"prompt": ctx.student.render(r["prompt"]), "completion": r["completion"]} for r in kept]
+    )
+    args = SFTConfig(
+        **trainer_common_args(ctx),
+        per_device_train_batch_size=cfg.optim.batch_size,
+        completion_only_loss=True,
+        packing=False,
+        max_length=None,
+        dataset_num_proc=None,
+    )
+
+    class _Callback(DistillCallback):
+        def on_log(self, args, state, control, logs=None, **kw):  # type: ignore[no-untyped-def]
+            if logs and "loss" in logs:
+                self.ctx.log.add({"train/ce_loss": float(logs["loss"])})
+            return super().on_log(args, state, control, logs=logs, **kw)
+
+    trainer = SFTTrainer(
+        model=ctx.student.model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=ctx.student.tokenizer,
+        callbacks=[_Callback(ctx)],
+    )
+    quiet(trainer).train(resume_from_checkpoint=str(ctx.resume_from) if ctx.resume_from else None)
+    ctx.student.model = trainer.model

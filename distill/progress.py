@@ -1,0 +1,60 @@
+"""Progress bars for long work (zoo builds, evals, training), quiet when not on a terminal."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+
+@contextmanager
+def progress_bar(label: str, total: int, enabled: bool = True) -> Iterator[Callable[[int], None]]:
+    if not enabled:
+        yield lambda n: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=not sys.stderr.isatty(),
+        transient=False,
+    ) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+class StepBar:
+    """A training progress line: step, loss and the method's headline figures."""
+
+    SHOWN = ("train/loss", "kl/reverse_kl_mean", "train/ce_loss", "student/accuracy", "perf/step_time_s")
+
+    def __init__(self, label: str, total: int, start: int = 0) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[figures]}"),
+            disable=not sys.stderr.isatty(),
+        )
+        self._progress.start()
+        self._task = self._progress.add_task(label, total=total, completed=start, figures="")
+        self._tty = sys.stderr.isatty()
+        self._total = total
+
+    def update(self, step: int, metrics: dict[str, float]) -> None:
+        figures = "  ".join(
+            f"{k.split('/')[-1]} {metrics[k]:.3g}" for k in self.SHOWN if k in metrics
+        )
+        self._progress.update(self._task, completed=step, figures=figures)
+        # Off a terminal (CI, nohup) print a line every tenth of the run instead of a bar.
+        if not self._tty and (step % max(1, self._total // 10) == 0 or step == self._total):
+            print(f"step {step}/{self._total}  {figures}", flush=True)
+
+    def close(self) -> None:
+        self._progress.stop()

@@ -1,0 +1,261 @@
+"""The path of one run: config -> domain -> engines -> eval before -> method -> eval after -> summary.
+
+The run directory (`<workspace>/runs/<run_id>/`) and the MLflow run are written side by side;
+`summary.json` is the small record `distill runs` lists. A run that raises is marked FAILED with
+its error (in both places), an interrupted one KILLED; none is left RUNNING by an exception.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from distill import __version__
+from distill.config import RunConfig, dump_config, flatten, load_run_config
+from distill.archive.manifest import build_manifest
+
+if TYPE_CHECKING:
+    from distill.engines.hf import HFEngine
+    from distill.evals.runner import EvalResult
+    from distill.settings import Settings
+
+Say = Any  # a callable(str) that prints for the user
+
+
+def new_run_id(config: RunConfig) -> str:
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{config.domain.name}-{config.method.name}-{secrets.token_hex(2)}"
+
+
+def find_run_dir(settings: Settings, ref: str) -> Path:
+    """A run by id, by unique id prefix, or by path."""
+    path = Path(ref)
+    if (path / "config.yaml").exists():
+        return path
+    candidate = settings.runs_dir / ref
+    if (candidate / "config.yaml").exists():
+        return candidate
+    matches = sorted(settings.runs_dir.glob(f"{ref}*")) if settings.runs_dir.exists() else []
+    matches = [m for m in matches if (m / "config.yaml").exists()]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise ValueError(f"run {ref!r} is ambiguous: {', '.join(m.name for m in matches[:5])}")
+    raise ValueError(f"no run {ref!r} under {settings.runs_dir}")
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    tmp = run_dir / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2))
+    os.replace(tmp, run_dir / "summary.json")
+
+
+def _trim_metrics(run_dir: Path, last_step: int) -> None:
+    """On resume, drop metric lines past the checkpoint: those steps are trained again."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def execute(
+    config: RunConfig,
+    settings: Settings,
+    argv: list[str] | None = None,
+    resume: str | None = None,
+    say: Say = print,
+) -> dict[str, Any]:
+    from distill.methods.context import last_checkpoint
+
+    argv = argv if argv is not None else sys.argv
+    if resume is not None:
+        run_dir = find_run_dir(settings, resume)
+        config = load_run_config(run_dir / "config.yaml")
+        summary = read_summary(run_dir)
+        resume_from = last_checkpoint(run_dir)
+        _trim_metrics(run_dir, int(resume_from.name[5:]) if resume_from else 0)
+        say(f"resuming {run_dir.name} from {resume_from.name if resume_from else 'the start'}")
+    else:
+        run_id = config.tracking.run_name or new_run_id(config)
+        run_dir = settings.runs_dir / run_id
+        if run_dir.exists():
+            raise ValueError(f"run directory {run_dir} already exists; pick another tracking.run_name")
+        run_dir.mkdir(parents=True)
+        dump_config(config, run_dir / "config.yaml")
+        summary = {}
+        resume_from = None
+    summary.update(
+        {
+            "run_id": run_dir.name,
+            "status": "RUNNING",
+            "domain": config.domain.name,
+            "method": config.method.name,
+            "student": config.student.name,
+            "teacher": config.teacher.name,
+            "run_dir": str(run_dir.resolve()),
+            "pid": os.getpid(),
+            "started": summary.get("started", datetime.now(UTC).isoformat(timespec="seconds")),
+            "distill_version": __version__,
+        }
+    )
+    write_summary(run_dir, summary)
+    tracker = _open_tracker(config, settings, run_dir, summary)
+    summary["mlflow_run_id"] = tracker.run_id
+    summary["tracking_uri"] = config.tracking.uri or settings.resolved_tracking_uri
+    write_summary(run_dir, summary)
+    try:
+        _train_and_evaluate(config, settings, run_dir, tracker, summary, resume_from, argv, say)
+    except BaseException as exc:
+        import traceback
+
+        status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+        summary.update(status=status, error=f"{type(exc).__name__}: {exc}")
+        (run_dir / "error.log").write_text(traceback.format_exc())
+        summary["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+        write_summary(run_dir, summary)
+        tracker.finish(status, error=summary["error"])
+        raise
+    summary["status"] = "FINISHED"
+    summary["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+    summary.pop("error", None)
+    write_summary(run_dir, summary)
+    tracker.log_artifact(run_dir / "summary.json")
+    tracker.finish("FINISHED")
+    return summary
+
+
+def _open_tracker(config: RunConfig, settings: Settings, run_dir: Path, summary: dict[str, Any]) -> Any:
+    from distill.tracking.mlflow import git_tags, open_tracker
+
+    uri = config.tracking.uri or settings.resolved_tracking_uri
+    tags = {
+        "domain": config.domain.name,
+        "method": config.method.name,
+        "student": config.student.name,
+        "teacher": config.teacher.name,
+        "distill.version": __version__,
+        "distill.run_dir": str(run_dir.resolve()),
+        **git_tags(),
+    }
+    tracker = open_tracker(
+        uri,
+        config.tracking.experiment,
+        settings.artifact_root,
+        run_name=run_dir.name,
+        resume_run_id=summary.get("mlflow_run_id"),
+        tags=tags,
+    )
+    if not summary.get("mlflow_run_id"):
+        tracker.log_params(flatten(config.model_dump(mode="json")))
+    return tracker
+
+
+def _load_engine(name: str, precision: str, thinking: bool | None, config: RunConfig, settings: Settings) -> HFEngine:
+    from distill.engines.hf import HFEngine
+    from distill.zoo import resolve_model
+
+    return HFEngine.load(resolve_model(name, config.domain, settings), precision, thinking)
+
+
+def _train_and_evaluate(
+    config: RunConfig,
+    settings: Settings,
+    run_dir: Path,
+    tracker: Any,
+    summary: dict[str, Any],
+    resume_from: Path | None,
+    argv: list[str],
+    say: Say,
+) -> None:
+    import torch
+    from transformers import set_seed
+
+    from distill.domains import build_domain
+    from distill.evals.runner import evaluate
+    from distill.methods import get_method
+    from distill.methods.context import RunContext, StepLog, eval_metric_names
+
+    import warnings
+
+    import transformers
+
+    # Library deprecation chatter from inside TRL/transformers is not the user's to act on.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    start = time.time()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    set_seed(config.seed)
+    domain = build_domain(config.domain)
+    student = _load_engine(config.student.name, config.student.precision, config.student.enable_thinking, config, settings)
+    teacher = _load_engine(config.teacher.name, config.teacher.precision, config.teacher.enable_thinking, config, settings)
+    manifest = build_manifest(config, argv, tracker.run_id, student, teacher)
+    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    tracker.log_artifact(run_dir / "config.yaml")
+    tracker.log_artifact(run_dir / "manifest.json")
+    bench = config.domain.name
+    eval_items = domain.eval_items()[: config.eval.items]
+    log = StepLog(run_dir, tracker)
+
+    def run_eval(engine: HFEngine, label: str, step: int, prefix: str = "") -> EvalResult:
+        result = evaluate(engine, domain, eval_items, config.eval, label=label)
+        result.write(run_dir / "eval" / f"{prefix}step-{step}.jsonl")
+        names = eval_metric_names(bench, result)
+        log.write(step, {f"{prefix}{k}": v for k, v in names.items()})
+        return result
+
+    if "student_before" not in summary:
+        summary["student_before"] = run_eval(student, "eval: student (before)", 0).metrics
+        if config.eval.eval_teacher:
+            summary["teacher_score"] = run_eval(teacher, "eval: teacher", 0, prefix="teacher/").metrics
+        write_summary(run_dir, summary)
+    say(_score_line("student before", summary["student_before"]))
+    if "teacher_score" in summary:
+        say(_score_line("teacher", summary["teacher_score"]))
+
+    def evaluate_student(step: int, model: Any) -> EvalResult:
+        from distill.engines.hf import HFEngine
+
+        return run_eval(HFEngine(model, student.tokenizer, student.enable_thinking), f"eval: step {step}", step)
+
+    ctx = RunContext(
+        config=config,
+        run_dir=run_dir,
+        domain=domain,
+        student=student,
+        teacher=teacher,
+        log=log,
+        resume_from=resume_from,
+        evaluate_student=evaluate_student,
+    )
+    say(f"training: {config.method.name} for {config.optim.max_steps} steps")
+    get_method(config.method.name)(ctx)
+    student.model.eval()
+    after = run_eval(student, "eval: student (after)", config.optim.max_steps)
+    summary["student_after"] = after.metrics
+    summary["steps"] = config.optim.max_steps
+    summary["seconds"] = round(time.time() - start + summary.get("seconds", 0.0), 1)
+    tracker.set_tags({"checkpoint.final": str(run_dir / "checkpoints" / f"step-{config.optim.max_steps}")})
+    for folder in ("eval", "samples"):
+        if (run_dir / folder).exists():
+            tracker.log_artifact(run_dir / folder, folder)
+    if (run_dir / "metrics.jsonl").exists():
+        tracker.log_artifact(run_dir / "metrics.jsonl")
+
+
+def _score_line(label: str, metrics: dict[str, float]) -> str:
+    return f"{label}: accuracy {metrics['accuracy']:.1%} ({int(metrics['solved'])}/{int(metrics['items'])} solved)"

@@ -1,0 +1,256 @@
+"""MLflow backend for `Tracker`.
+
+mlflow is imported inside functions only: importing it costs seconds and `distill --help` must stay
+instant. The client API is used throughout (never `mlflow.start_run`), so several trackers can live in
+one process without sharing global run state.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+# Backend limits of `log_batch`; the auto-flush threshold keeps memory and write latency small.
+METRIC_CHUNK = 1000
+PARAM_CHUNK = 100
+TAG_CHUNK = 100
+AUTO_FLUSH = 500
+MAX_PARAM_CHARS = 6000
+MAX_ERROR_CHARS = 5000
+STATUSES = ("FINISHED", "FAILED", "KILLED")
+SQLITE_PREFIX = "sqlite:///"
+
+
+def _chunks(items: list[Any], size: int) -> list[list[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _param_value(value: Any) -> str:
+    if isinstance(value, list | tuple | dict):
+        text = json.dumps(value, default=str)
+    else:
+        text = str(value)
+    return text[:MAX_PARAM_CHARS]
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    if not uri.startswith(SQLITE_PREFIX):
+        return None
+    rest = uri[len(SQLITE_PREFIX) :].split("?", 1)[0]
+    if not rest or rest == ":memory:":
+        return None
+    return Path(rest)
+
+
+def _get_or_create_experiment(client: MlflowClient, name: str, artifact_root: Path | None) -> str:
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return str(found.experiment_id)
+    location = (artifact_root / name).resolve().as_uri() if artifact_root is not None else None
+    try:
+        return str(client.create_experiment(name, artifact_location=location))
+    except MlflowException:
+        # Another process won the race (only possible for non-sqlite stores, which are not locked).
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return str(found.experiment_id)
+
+
+def _connect(uri: str, experiment: str, artifact_root: Path | None) -> tuple[MlflowClient, str]:
+    from mlflow.tracking import MlflowClient
+
+    db_path = _sqlite_path(uri)
+    if db_path is None:
+        client = MlflowClient(tracking_uri=uri)
+        return client, _get_or_create_experiment(client, experiment, artifact_root)
+
+    from filelock import FileLock
+
+    # Two processes creating a fresh DB at once race inside mlflow's alembic migrations.
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(db_path) + ".lock"):
+        client = MlflowClient(tracking_uri=uri)
+        return client, _get_or_create_experiment(client, experiment, artifact_root)
+
+
+def mlflow_metric_name(key: str) -> str:
+    """MLflow rejects '@' in metric names: `eval/aime25/avg@16` is stored as `eval/aime25/avg_at_16`."""
+    return key.replace("@", "_at_")
+
+
+class MlflowTracker:
+    """One MLflow run. Metrics are buffered and written with `log_batch`."""
+
+    def __init__(self, client: MlflowClient, run_id: str) -> None:
+        self.client = client
+        self.run_id = run_id
+        self._buffer: list[Any] = []
+        self._finished = False
+
+    @classmethod
+    def open_tracker(
+        cls,
+        uri: str,
+        experiment: str,
+        artifact_root: Path | None,
+        run_name: str | None = None,
+        resume_run_id: str | None = None,
+        parent_run_id: str | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> MlflowTracker:
+        client, experiment_id = _connect(uri, experiment, artifact_root)
+        all_tags = dict(tags or {})
+        if parent_run_id is not None:
+            all_tags["mlflow.parentRunId"] = parent_run_id
+        if resume_run_id is not None:
+            client.get_run(resume_run_id)  # fail early on an unknown id
+            client.update_run(resume_run_id, status="RUNNING")
+            tracker = cls(client, resume_run_id)
+            if all_tags:
+                tracker.set_tags(all_tags)
+            return tracker
+        run = client.create_run(experiment_id, run_name=run_name, tags=all_tags)
+        return cls(client, run.info.run_id)
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+        from mlflow.exceptions import MlflowException
+
+        values = {key: _param_value(value) for key, value in params.items()}
+        for chunk in _chunks(list(values.items()), PARAM_CHUNK):
+            try:
+                self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in chunk])
+            except MlflowException:
+                # Resumed runs re-log their config: equal values are fine, changed ones must still fail.
+                existing = self.client.get_run(self.run_id).data.params
+                for key, value in chunk:
+                    if existing.get(key) != value:
+                        self.client.log_param(self.run_id, key, value)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        for chunk in _chunks(list(tags.items()), TAG_CHUNK):
+            self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in chunk])
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        timestamp = int(time.time() * 1000)
+        for key, value in metrics.items():
+            if value is None:
+                continue
+            self._buffer.append(Metric(mlflow_metric_name(key), float(value), timestamp, int(step)))
+        if len(self._buffer) > AUTO_FLUSH:
+            self.flush()
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path)
+        else:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def flush(self) -> None:
+        # Drop entries only once written, so a failed write can be retried (e.g. by `finish`).
+        while self._buffer:
+            chunk = self._buffer[:METRIC_CHUNK]
+            self.client.log_batch(self.run_id, metrics=chunk)
+            del self._buffer[: len(chunk)]
+
+    def finish(self, status: str = "FINISHED", error: str | None = None) -> None:
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+        if self._finished:
+            return
+        self.flush()
+        if error:
+            self.client.set_tag(self.run_id, "distill.error", error[:MAX_ERROR_CHARS])
+        self.client.set_terminated(self.run_id, status=status)
+        self._finished = True
+
+
+open_tracker = MlflowTracker.open_tracker
+
+
+def git_tags(cwd: Path | None = None) -> dict[str, str]:
+    """Commit and dirtiness of the source checkout, so a run can be traced to the code that made it."""
+    where = cwd if cwd is not None else Path(__file__).resolve().parents[2]
+    unknown = {"git.sha": "unknown", "git.dirty": "unknown"}
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10
+        )
+        status = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=where, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return unknown
+    if sha.returncode != 0 or status.returncode != 0:
+        return unknown
+    head = sha.stdout.strip()
+    return {
+        "git.sha": head,
+        "git.dirty": "true" if status.stdout.strip() else "false",
+        "mlflow.source.git.commit": head,
+    }
+
+
+def find_runs(uri: str, experiment: str | None = None, filter_string: str = "") -> list[dict[str, Any]]:
+    """Runs newest first, as plain dicts for listing; an unknown experiment has no runs."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    if experiment is not None:
+        found = client.get_experiment_by_name(experiment)
+        if found is None:
+            return []
+        experiment_ids = [found.experiment_id]
+    else:
+        experiment_ids = [e.experiment_id for e in client.search_experiments()]
+    if not experiment_ids:
+        return []
+    out: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:
+        page = client.search_runs(
+            experiment_ids,
+            filter_string=filter_string,
+            order_by=["attributes.start_time DESC"],
+            max_results=1000,
+            page_token=token,
+        )
+        for run in page:
+            out.append(
+                {
+                    "run_id": run.info.run_id,
+                    "run_name": run.info.run_name,
+                    "status": run.info.status,
+                    "start_time": run.info.start_time,
+                    "tags": dict(run.data.tags),
+                    "params": dict(run.data.params),
+                    "metrics": dict(run.data.metrics),
+                }
+            )
+        token = page.token
+        if not token:
+            return out
+
+
+def mlflow_ui_command(uri: str, artifact_root: Path | None) -> str:
+    """The command that opens the MLflow UI on this store."""
+    parts = ["mlflow", "ui", "--backend-store-uri", uri]
+    if artifact_root is not None:
+        parts += ["--default-artifact-root", artifact_root.resolve().as_uri()]
+    parts += ["--port", "5000"]
+    return " ".join(shlex.quote(p) for p in parts)

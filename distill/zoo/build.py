@@ -1,0 +1,207 @@
+"""Build zoo entries: train tokenizers and tiny models locally, cache them by recipe hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from distill.zoo.recipes import BUILD_VERSION, RECIPES, ModelRecipe, Recipe, TokenizerRecipe, ZooEntry
+
+if TYPE_CHECKING:
+    from distill.config import DomainConfig
+    from distill.domains.base import Domain
+
+# Domain settings that change the data a zoo model is trained on.
+_DATA_FIELDS = ("name", "environments", "parameters", "train_size", "eval_size", "eval_seed")
+
+
+def _lookup(name: str, recipes: Mapping[str, Recipe]) -> Recipe:
+    try:
+        return recipes[name]
+    except KeyError:
+        raise ValueError(f"unknown zoo model {name!r}; known: {', '.join(sorted(recipes))}") from None
+
+
+def recipe_key(name: str, domain: DomainConfig, recipes: Mapping[str, Recipe] = RECIPES) -> str:
+    recipe = _lookup(name, recipes)
+    data = domain.model_dump(mode="json", include=set(_DATA_FIELDS))
+    parts: dict[str, Any] = {"recipe": recipe.model_dump(), "data": data, "version": BUILD_VERSION}
+    if isinstance(recipe, ModelRecipe):
+        parts["tokenizer"] = recipe_key(recipe.tokenizer, domain, recipes)
+    blob = json.dumps(parts, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def entry_dir(root: Path, name: str, domain: DomainConfig, recipes: Mapping[str, Recipe] = RECIPES) -> Path:
+    return root / domain.name / f"{name}-{recipe_key(name, domain, recipes)}"
+
+
+def read_entry(path: Path) -> ZooEntry | None:
+    meta = path / "zoo.json"
+    if not meta.exists():
+        return None
+    return ZooEntry.model_validate_json(meta.read_text())
+
+
+def ensure_built(
+    root: Path,
+    name: str,
+    domain_config: DomainConfig,
+    show_progress: bool = True,
+    recipes: Mapping[str, Recipe] = RECIPES,
+) -> Path:
+    """Path of the built entry; builds it (and what it depends on) on first use."""
+    from filelock import FileLock
+
+    target = entry_dir(root, name, domain_config, recipes)
+    if (target / "zoo.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / "zoo.json").exists():
+            return target
+        from distill.domains import build_domain
+
+        domain = build_domain(domain_config)
+        recipe = _lookup(name, recipes)
+        tmp = target.with_name(target.name + f".tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        start = time.time()
+        if isinstance(recipe, TokenizerRecipe):
+            extra = _build_tokenizer(recipe, domain, tmp)
+        else:
+            tok_dir = ensure_built(root, recipe.tokenizer, domain_config, show_progress, recipes)
+            extra = _build_model(name, recipe, domain, tok_dir, tmp, show_progress)
+        entry = ZooEntry(
+            name=name,
+            domain=domain_config.name,
+            key=recipe_key(name, domain_config, recipes),
+            recipe=recipe.model_dump(),
+            seconds=round(time.time() - start, 2),
+            **extra,
+        )
+        (tmp / "zoo.json").write_text(entry.model_dump_json(indent=2))
+        # The rename is the commit point: a killed build leaves only a tmp folder behind.
+        os.replace(tmp, target)
+    return target
+
+
+def _build_tokenizer(recipe: TokenizerRecipe, domain: Domain, out: Path) -> dict[str, Any]:
+    from distill.zoo.tokenizers import train_tokenizer
+
+    tok = train_tokenizer(recipe.family, domain.corpus(), recipe.vocab_size)
+    tok.save_pretrained(out)
+    return {"params": 0, "vocab": len(tok)}
+
+
+def _make_model(recipe: ModelRecipe, tokenizer: Any) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=recipe.hidden,
+        intermediate_size=recipe.intermediate,
+        num_hidden_layers=recipe.layers,
+        num_attention_heads=recipe.heads,
+        num_key_value_heads=recipe.kv_heads,
+        head_dim=recipe.head_dim,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    if recipe.arch == "qwen3":
+        return Qwen3ForCausalLM(Qwen3Config(**common))
+    if recipe.arch == "llama":
+        return LlamaForCausalLM(LlamaConfig(**common))
+    raise ValueError(f"zoo recipe: unknown arch {recipe.arch!r}")
+
+
+def supervised_examples(tokenizer: Any, items: list[Any]) -> list[tuple[list[int], list[int]]]:
+    """(input_ids, labels) with labels -100 on the prompt: CE on the assistant response only."""
+    from distill.engines.hf import HFEngine
+
+    engine = HFEngine.__new__(HFEngine)
+    engine.tokenizer, engine.enable_thinking = tokenizer, None
+    examples = []
+    for item in items:
+        prompt = engine.prompt_ids(item.prompt)
+        response = engine.encode(item.solution) + [tokenizer.eos_token_id]
+        examples.append((prompt + response, [-100] * len(prompt) + response))
+    return examples
+
+
+def _build_model(
+    name: str, recipe: ModelRecipe, domain: Domain, tok_dir: Path, out: Path, show_progress: bool
+) -> dict[str, Any]:
+    import torch
+    from transformers import AutoTokenizer
+
+    from distill.config import EvalConfig
+    from distill.engines.hf import HFEngine
+    from distill.evals.runner import evaluate
+    from distill.progress import progress_bar
+
+    torch.manual_seed(recipe.seed)
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    model = _make_model(recipe, tokenizer)
+    items = domain.train_items()
+    if recipe.data_items is not None:
+        items = items[: recipe.data_items]
+    examples = supervised_examples(tokenizer, [i for i in items if i.solution])
+    if not examples:
+        raise ValueError(f"zoo {name}: the domain gave no worked solutions to train on")
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+    def lr_at(step: int) -> float:
+        if step < recipe.warmup_steps:
+            return (step + 1) / recipe.warmup_steps
+        frac = (step - recipe.warmup_steps) / max(1, recipe.steps - recipe.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    gen = torch.Generator().manual_seed(recipe.seed)
+    model.train()
+    loss_value = float("nan")
+    with progress_bar(f"zoo: training {name}", total=recipe.steps, enabled=show_progress) as advance:
+        for _ in range(recipe.steps):
+            idx = torch.randint(len(examples), (recipe.batch_size,), generator=gen).tolist()
+            batch = [examples[i] for i in idx]
+            width = max(len(ids) for ids, _ in batch)
+            ids_B_T = torch.full((len(batch), width), tokenizer.pad_token_id, dtype=torch.long)
+            labels_B_T = torch.full((len(batch), width), -100, dtype=torch.long)
+            mask_B_T = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, (ids, labels) in enumerate(batch):
+                ids_B_T[row, : len(ids)] = torch.tensor(ids)
+                labels_B_T[row, : len(labels)] = torch.tensor(labels)
+                mask_B_T[row, : len(ids)] = 1
+            loss = model(input_ids=ids_B_T, attention_mask=mask_B_T, labels=labels_B_T).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            loss_value = float(loss.detach())
+            advance(1)
+    model.eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    engine = HFEngine(model, tokenizer)
+    result = evaluate(engine, domain, domain.eval_items(), EvalConfig(), label=f"zoo: eval {name}",
+                      show_progress=show_progress)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "final_loss": round(loss_value, 4),
+        "eval": {k: round(v, 4) for k, v in result.metrics.items()},
+    }

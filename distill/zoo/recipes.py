@@ -1,0 +1,86 @@
+"""The embedded default's models: recipes are data, hashed into the cache key.
+
+A teacher is made competent by supervised training on the domain's own worked solutions; the
+student is smaller and only briefly trained on a small slice (format-aware, weak), because a
+randomly initialised student does not move under OPD (measured, see the notes in shared/).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TokenizerRecipe(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: str = "tokenizer"
+    family: str
+    vocab_size: int
+
+
+class ModelRecipe(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: str = "model"
+    arch: str  # "qwen3" | "llama": transformers classes that vLLM also serves
+    tokenizer: str  # zoo name of the tokenizer
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int = 32  # vLLM serves tiny models only with head_dim >= 32
+    intermediate: int
+    steps: int
+    lr: float
+    batch_size: int
+    # Train on only the first `data_items` training items (None: all): the student's warm start.
+    data_items: int | None = None
+    warmup_steps: int = 30
+    seed: int = 0
+
+
+Recipe = TokenizerRecipe | ModelRecipe
+
+RECIPES: dict[str, Recipe] = {
+    "tok-qwen": TokenizerRecipe(family="qwen", vocab_size=1024),
+    "tok-llama": TokenizerRecipe(family="llama", vocab_size=1280),
+    "teacher": ModelRecipe(
+        arch="qwen3",
+        tokenizer="tok-qwen",
+        hidden=128,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        intermediate=384,
+        steps=400,
+        lr=3e-3,
+        batch_size=64,
+    ),
+    "student": ModelRecipe(
+        arch="qwen3",
+        tokenizer="tok-qwen",
+        hidden=64,
+        layers=2,
+        heads=2,
+        kv_heads=1,
+        intermediate=192,
+        steps=300,
+        lr=3e-3,
+        batch_size=32,
+        data_items=256,
+    ),
+}
+
+# Bumped when the build code changes what a recipe produces.
+BUILD_VERSION = 1
+
+
+class ZooEntry(BaseModel):
+    """What `zoo.json` records next to a built model or tokenizer."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    domain: str
+    key: str
+    recipe: dict
+    seconds: float = 0.0
+    params: int = 0
+    eval: dict[str, float] = Field(default_factory=dict)

@@ -1,0 +1,73 @@
+"""Session fixtures: tiny models built from config with locally trained tokenizers (no hub)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from distill.config import DomainConfig  # noqa: E402
+from distill.zoo.recipes import ModelRecipe, TokenizerRecipe  # noqa: E402
+
+# Small enough to build in seconds; the default recipes are exercised by the README command.
+TINY_RECIPES = {
+    "tok-qwen": TokenizerRecipe(family="qwen", vocab_size=400),
+    "tok-llama": TokenizerRecipe(family="llama", vocab_size=450),
+    "teacher": ModelRecipe(
+        arch="qwen3", tokenizer="tok-qwen", hidden=64, layers=1, heads=2, kv_heads=1,
+        intermediate=128, steps=60, lr=3e-3, batch_size=16, warmup_steps=5,
+    ),
+    "student": ModelRecipe(
+        arch="qwen3", tokenizer="tok-qwen", hidden=32, layers=1, heads=1, kv_heads=1,
+        intermediate=64, steps=20, lr=3e-3, batch_size=16, data_items=64, warmup_steps=5,
+    ),
+}
+
+
+def tiny_domain() -> DomainConfig:
+    return DomainConfig(train_size=256, eval_size=16)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Materialised domain data and anything else written to the workspace stays in a temp dir."""
+    ws = tmp_path_factory.mktemp("workspace")
+    os.environ["DISTILL_WORKSPACE"] = str(ws)
+    return ws
+
+
+@dataclass(frozen=True)
+class TinyZoo:
+    root: Path
+    domain: DomainConfig
+    teacher: Path
+    student: Path
+    tok_qwen: Path
+    tok_llama: Path
+
+
+@pytest.fixture(scope="session")
+def tiny_zoo(tmp_path_factory: pytest.TempPathFactory, _workspace: Path) -> TinyZoo:
+    from distill.zoo.build import ensure_built
+
+    root = tmp_path_factory.mktemp("zoo")
+    domain = tiny_domain()
+
+    def build(name: str) -> Path:
+        return ensure_built(root, name, domain, show_progress=False, recipes=TINY_RECIPES)
+
+    return TinyZoo(
+        root=root,
+        domain=domain,
+        teacher=build("teacher"),
+        student=build("student"),
+        tok_qwen=build("tok-qwen"),
+        tok_llama=build("tok-llama"),
+    )

@@ -1,0 +1,148 @@
+"""The shared on-policy scoring core: strict lengths, OPD advantages, unpadding."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from distill.methods.scoring import check_lengths, opd_advantages, unpad_rows
+
+# ---------------------------------------------------------------- check_lengths
+
+
+def test_check_lengths_accepts_equal_rows() -> None:
+    check_lengths([[1, 2, 3], [4], []], [[-0.1, -0.2, -0.3], [-1.0], []], [[-0.5, -0.5, -0.5], [-2.0], []])
+
+
+@pytest.mark.parametrize(
+    ("tokens", "student", "teacher", "index"),
+    [
+        ([[1, 2, 3]], [[-0.1, -0.2]], [[-0.1, -0.2, -0.3]], 0),  # student logprobs short
+        ([[1, 2, 3]], [[-0.1, -0.2, -0.3]], [[-0.1, -0.2]], 0),  # teacher logprobs short
+        ([[1, 2]], [[-0.1, -0.2, -0.3]], [[-0.1, -0.2, -0.3]], 0),  # tokens short
+        ([[1], [1, 2]], [[-0.1], [-0.1, -0.2]], [[-0.1], [-0.1, -0.2, -0.3]], 1),  # teacher long, sample 1
+        ([[1], [1], [1, 2]], [[-1.0], [-1.0], [-1.0]], [[-1.0], [-1.0], [-1.0, -1.0]], 2),
+    ],
+)
+def test_check_lengths_per_sample_mismatch(
+    tokens: list[list[int]], student: list[list[float]], teacher: list[list[float]], index: int
+) -> None:
+    with pytest.raises(ValueError, match="length mismatch") as info:
+        check_lengths(tokens, student, teacher)
+    assert f"sample {index}" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("n_tok", "n_s", "n_t"),
+    [(2, 1, 1), (1, 2, 1), (1, 1, 2), (0, 1, 1)],
+)
+def test_check_lengths_sample_count_mismatch(n_tok: int, n_s: int, n_t: int) -> None:
+    with pytest.raises(ValueError, match="length mismatch") as info:
+        check_lengths([[1]] * n_tok, [[-1.0]] * n_s, [[-1.0]] * n_t)
+    assert f"{n_tok} samples" in str(info.value)
+
+
+# ---------------------------------------------------------------- opd_advantages
+
+
+def test_teacher_equals_student_gives_zero() -> None:
+    lp = [[-0.5, -1.5, -0.1], [-2.0]]
+    adv, stats = opd_advantages(lp, lp, (2, 4), coef=5.0)
+    assert adv.shape == (2, 4)
+    assert adv.dtype == torch.float32
+    assert torch.count_nonzero(adv) == 0
+    assert stats["kl/reverse_kl_mean"] == 0.0
+    assert stats["kl/reverse_kl_std"] == 0.0
+    assert stats["kl/advantage_mean"] == 0.0
+
+
+def test_sign_and_coef() -> None:
+    teacher = [[-0.5, -2.0]]
+    student = [[-1.0, -1.0]]
+    adv, stats = opd_advantages(teacher, student, (1, 3), coef=2.0)
+    # Teacher more confident than the student -> positive; less -> negative; scaled by coef.
+    assert adv[0].tolist() == pytest.approx([2.0 * 0.5, 2.0 * -1.0, 0.0])
+    kl = [-1.0 - -0.5, -1.0 - -2.0]  # logp_S - logp_T
+    assert stats["kl/reverse_kl_mean"] == pytest.approx(sum(kl) / 2)
+    assert stats["kl/reverse_kl_std"] == pytest.approx(torch.tensor(kl).std().item())
+    assert stats["kl/advantage_mean"] == pytest.approx((1.0 - 2.0) / 2)
+
+
+def test_coef_scales_linearly_and_is_not_normalised() -> None:
+    teacher = [[-0.1, -0.3, -3.0]]
+    student = [[-0.2, -0.1, -1.0]]
+    a1, _ = opd_advantages(teacher, student, (1, 3), coef=1.0)
+    a5, _ = opd_advantages(teacher, student, (1, 3), coef=5.0)
+    assert torch.allclose(a5, 5 * a1)
+    assert a1[0].tolist() == pytest.approx([0.1, -0.2, -2.0])  # raw gaps: no mean/std normalisation
+
+
+def test_clip_clamps_symmetrically() -> None:
+    teacher = [[0.0, -10.0, -1.0]]
+    student = [[-10.0, 0.0, -1.2]]
+    adv, stats = opd_advantages(teacher, student, (1, 4), coef=1.0, clip=2.0)
+    assert adv[0].tolist() == pytest.approx([2.0, -2.0, 0.2, 0.0])
+    # The KL metric reports the raw gap, not the clipped advantage.
+    assert stats["kl/reverse_kl_mean"] == pytest.approx((-10.0 + 10.0 - 0.2) / 3)
+    assert stats["kl/advantage_mean"] == pytest.approx(0.2 / 3)
+
+
+def test_clip_applies_after_coef() -> None:
+    adv, _ = opd_advantages([[-1.0]], [[-1.5]], (1, 1), coef=10.0, clip=3.0)
+    assert adv[0, 0].item() == pytest.approx(3.0)  # 10 * 0.5 = 5, clipped to 3
+
+
+def test_padding_beyond_each_row_stays_zero() -> None:
+    teacher = [[-0.1, -0.2, -0.3], [-0.5], []]
+    student = [[-1.0, -1.0, -1.0], [-2.0], []]
+    adv, stats = opd_advantages(teacher, student, (3, 5), coef=1.0, clip=0.5)
+    assert adv[0, :3].tolist() == pytest.approx([0.5, 0.5, 0.5])
+    assert adv[1, 0].item() == pytest.approx(0.5)
+    assert torch.count_nonzero(adv[0, 3:]) == 0
+    assert torch.count_nonzero(adv[1, 1:]) == 0
+    assert torch.count_nonzero(adv[2]) == 0
+    # Means are over real tokens only (4), not over the padded shape (15).
+    assert stats["kl/advantage_mean"] == pytest.approx(4 * 0.5 / 4)
+    assert stats["kl/reverse_kl_mean"] == pytest.approx((-0.9 - 0.8 - 0.7 - 1.5) / 4)
+
+
+def test_all_empty_rows() -> None:
+    adv, stats = opd_advantages([[], []], [[], []], (2, 3), coef=1.0)
+    assert torch.count_nonzero(adv) == 0
+    assert all(math.isfinite(v) and v == 0.0 for v in stats.values())
+
+
+def test_opd_advantages_length_mismatch() -> None:
+    with pytest.raises(ValueError, match="length mismatch in sample 1"):
+        opd_advantages([[-1.0], [-1.0, -2.0]], [[-1.0], [-1.0]], (2, 2), coef=1.0)
+    with pytest.raises(ValueError):
+        opd_advantages([[-1.0], [-1.0]], [[-1.0]], (2, 2), coef=1.0)
+
+
+# ---------------------------------------------------------------- unpad_rows
+
+
+def test_unpad_left_padding() -> None:
+    ids = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10], [0, 0, 0, 11]])
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1], [0, 0, 0, 1]])
+    assert unpad_rows(ids, mask) == [[5, 6], [7, 8, 9, 10], [11]]
+
+
+def test_unpad_right_padding() -> None:
+    ids = torch.tensor([[5, 6, 0, 0], [7, 0, 0, 0], [0, 0, 0, 0]])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
+    assert unpad_rows(ids, mask) == [[5, 6], [7], []]
+
+
+def test_unpad_keeps_real_pad_valued_tokens() -> None:
+    # The mask decides, not the token value: a real token equal to the pad id survives.
+    ids = torch.tensor([[0, 3, 0, 4]])
+    mask = torch.tensor([[0, 1, 1, 1]])
+    assert unpad_rows(ids, mask) == [[3, 0, 4]]
+
+
+def test_unpad_shape_mismatch() -> None:
+    with pytest.raises(ValueError, match="unpad_rows"):
+        unpad_rows(torch.zeros((2, 3), dtype=torch.long), torch.ones((2, 4), dtype=torch.long))

@@ -1,0 +1,197 @@
+"""Zoo builds: cached by recipe hash, metadata in zoo.json, loadable with plain transformers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TINY_RECIPES
+
+from distill.config import DomainConfig
+from distill.zoo import resolve_model
+from distill.zoo.build import ensure_built, entry_dir, read_entry, recipe_key
+from distill.zoo.recipes import ModelRecipe, TokenizerRecipe
+
+
+def _mtime(path: Path) -> int:
+    return (path / "zoo.json").stat().st_mtime_ns
+
+
+def test_second_build_reuses_the_entry(tiny_zoo: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = {p: _mtime(p) for p in (tiny_zoo.teacher, tiny_zoo.student, tiny_zoo.tok_qwen)}
+
+    def no_rebuild(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the cached entry was rebuilt")
+
+    # A cache hit must not even build the domain.
+    monkeypatch.setattr("distill.domains.build_domain", no_rebuild)
+    for name, path in (
+        ("teacher", tiny_zoo.teacher),
+        ("student", tiny_zoo.student),
+        ("tok-qwen", tiny_zoo.tok_qwen),
+    ):
+        again = ensure_built(tiny_zoo.root, name, tiny_zoo.domain, show_progress=False, recipes=TINY_RECIPES)
+        assert again == path
+    assert {p: _mtime(p) for p in before} == before
+
+
+def test_fresh_tokenizer_build_then_cache_hit(tmp_path: Path) -> None:
+    recipes = {"tok": TokenizerRecipe(family="llama", vocab_size=300)}
+    domain = DomainConfig(train_size=8, eval_size=4)
+    path = ensure_built(tmp_path, "tok", domain, show_progress=False, recipes=recipes)
+    assert path == entry_dir(tmp_path, "tok", domain, recipes)
+    assert path.parent == tmp_path / "rlve"
+    assert path.name == f"tok-{recipe_key('tok', domain, recipes)}"
+    entry = read_entry(path)
+    assert entry is not None and entry.name == "tok" and entry.domain == "rlve"
+    assert entry.recipe == recipes["tok"].model_dump()
+    stamp = _mtime(path)
+    assert ensure_built(tmp_path, "tok", domain, show_progress=False, recipes=recipes) == path
+    assert _mtime(path) == stamp
+    # The commit is a rename: no temporary folder is left behind.
+    assert not [p for p in path.parent.iterdir() if ".tmp-" in p.name]
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    assert entry.model_extra is not None and entry.model_extra["vocab"] == len(tok)
+    assert tok.eos_token == "<|eot_id|>"
+    text = "What is 12345 times 9? 世界 😀"
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+
+
+def test_key_depends_on_recipe_tokenizer_and_data(tiny_zoo: Any) -> None:
+    domain = tiny_zoo.domain
+    base = recipe_key("teacher", domain, TINY_RECIPES)
+    assert base == recipe_key("teacher", domain, TINY_RECIPES)  # stable
+    assert entry_dir(tiny_zoo.root, "teacher", domain, TINY_RECIPES) == tiny_zoo.teacher
+
+    teacher = TINY_RECIPES["teacher"]
+    assert isinstance(teacher, ModelRecipe)
+    more_steps = dict(TINY_RECIPES, teacher=teacher.model_copy(update={"steps": teacher.steps + 1}))
+    assert recipe_key("teacher", domain, more_steps) != base
+    assert entry_dir(tiny_zoo.root, "teacher", domain, more_steps) != tiny_zoo.teacher
+    # Other entries are unaffected by the teacher's recipe.
+    assert recipe_key("student", domain, more_steps) == recipe_key("student", domain, TINY_RECIPES)
+
+    # A different tokenizer recipe changes every model built on it.
+    tok = TINY_RECIPES["tok-qwen"]
+    assert isinstance(tok, TokenizerRecipe)
+    bigger_vocab = dict(TINY_RECIPES, **{"tok-qwen": tok.model_copy(update={"vocab_size": 401})})
+    assert recipe_key("teacher", domain, bigger_vocab) != base
+    assert recipe_key("tok-llama", domain, bigger_vocab) == recipe_key("tok-llama", domain, TINY_RECIPES)
+
+    # Different training data, different entry.
+    other_data = domain.model_copy(update={"train_size": domain.train_size + 1})
+    assert recipe_key("teacher", other_data, TINY_RECIPES) != base
+    other_params = domain.model_copy(
+        update={"parameters": {"Sorting": {"N": 4}, "Multiplication": {"digit_num": 1}}}
+    )
+    assert recipe_key("teacher", other_params, TINY_RECIPES) != base
+
+
+def test_zoo_json_records_params_and_eval(tiny_zoo: Any) -> None:
+    from transformers import AutoModelForCausalLM
+
+    raw = json.loads((tiny_zoo.teacher / "zoo.json").read_text())
+    entry = read_entry(tiny_zoo.teacher)
+    assert entry is not None
+    assert entry.name == "teacher" and entry.domain == "rlve"
+    assert entry.key == recipe_key("teacher", tiny_zoo.domain, TINY_RECIPES)
+    assert entry.recipe == TINY_RECIPES["teacher"].model_dump()
+    assert entry.seconds > 0
+    model = AutoModelForCausalLM.from_pretrained(tiny_zoo.teacher)
+    assert entry.params == sum(p.numel() for p in model.parameters()) > 0
+    assert 0.0 <= entry.eval["accuracy"] <= 1.0
+    assert entry.eval["items"] == tiny_zoo.domain.eval_size
+    assert 0.0 <= entry.eval["truncation_rate"] <= 1.0
+    assert "pass@1" in entry.eval
+    assert math.isfinite(raw["final_loss"])
+    tok_entry = read_entry(tiny_zoo.tok_qwen)
+    assert tok_entry is not None and tok_entry.params == 0 and tok_entry.eval == {}
+
+
+def test_built_model_loads_with_plain_transformers(tiny_zoo: Any) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    recipe = TINY_RECIPES["student"]
+    assert isinstance(recipe, ModelRecipe)
+    model = AutoModelForCausalLM.from_pretrained(tiny_zoo.student)
+    tok = AutoTokenizer.from_pretrained(tiny_zoo.student)
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    assert model.config.hidden_size == recipe.hidden
+    assert model.config.num_hidden_layers == recipe.layers
+    assert model.config.vocab_size == len(tok)
+    assert model.generation_config.eos_token_id == tok.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    assert model.generation_config.pad_token_id == tok.pad_token_id
+    # The model directory carries the same tokenizer as its zoo tokenizer entry.
+    zoo_tok = AutoTokenizer.from_pretrained(tiny_zoo.tok_qwen)
+    assert tok.get_vocab() == zoo_tok.get_vocab()
+    assert tok.chat_template == zoo_tok.chat_template
+    ids = torch.tensor([tok.encode("What is 2 times 3?", add_special_tokens=False)])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    assert logits.shape == (1, ids.shape[1], len(tok))
+    assert torch.isfinite(logits).all()
+
+
+def test_teacher_learned_something(tiny_zoo: Any) -> None:
+    # Supervised training on the worked solutions: the teacher's loss ends far below uniform.
+    raw = json.loads((tiny_zoo.teacher / "zoo.json").read_text())
+    vocab = json.loads((tiny_zoo.tok_qwen / "zoo.json").read_text())["vocab"]
+    assert raw["final_loss"] < 0.5 * math.log(vocab)
+
+
+def test_llama_arch_build(tiny_zoo: Any) -> None:
+    from transformers import AutoModelForCausalLM
+
+    recipes = dict(
+        TINY_RECIPES,
+        **{
+            "llama-mini": ModelRecipe(
+                arch="llama",
+                tokenizer="tok-llama",
+                hidden=32,
+                layers=1,
+                heads=1,
+                kv_heads=1,
+                intermediate=64,
+                steps=2,
+                lr=1e-3,
+                batch_size=4,
+                data_items=8,
+                warmup_steps=1,
+            )
+        },
+    )
+    path = ensure_built(tiny_zoo.root, "llama-mini", tiny_zoo.domain, show_progress=False, recipes=recipes)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert type(model).__name__ == "LlamaForCausalLM"
+    entry = read_entry(path)
+    assert entry is not None and entry.params == sum(p.numel() for p in model.parameters())
+    assert model.config.vocab_size == json.loads((tiny_zoo.tok_llama / "zoo.json").read_text())["vocab"]
+
+
+def test_unknown_name_raises(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown zoo model 'nope'") as info:
+        ensure_built(
+            tmp_path,
+            "nope",
+            DomainConfig(train_size=4, eval_size=2),
+            show_progress=False,
+            recipes=TINY_RECIPES,
+        )
+    assert "teacher" in str(info.value)  # lists the known names
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_resolve_model_passes_non_zoo_names_through() -> None:
+    from distill.settings import Settings
+
+    settings = Settings(workspace=Path("/nonexistent"))
+    for name in ("Qwen/Qwen3-1.7B", "/models/local", "runs/x/checkpoints/step-3"):
+        assert resolve_model(name, DomainConfig(), settings) == name
