@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distill import __version__
-from distill.config import RunConfig, dump_config, flatten, load_run_config
 from distill.archive.manifest import build_manifest
+from distill.config import RunConfig, dump_config, flatten, load_run_config
 
 if TYPE_CHECKING:
     from distill.engines.hf import HFEngine
@@ -179,17 +179,16 @@ def _train_and_evaluate(
     argv: list[str],
     say: Say,
 ) -> None:
+    import warnings
+
     import torch
+    import transformers
     from transformers import set_seed
 
     from distill.domains import build_domain
     from distill.evals.runner import evaluate
     from distill.methods import get_method
     from distill.methods.context import RunContext, StepLog, eval_metric_names
-
-    import warnings
-
-    import transformers
 
     # Library deprecation chatter from inside TRL/transformers is not the user's to act on.
     warnings.filterwarnings("ignore", category=FutureWarning)

@@ -67,9 +67,10 @@ class HFEngine:
         kwargs: dict[str, Any] = {}
         if self.enable_thinking is not None:
             kwargs["enable_thinking"] = self.enable_thinking
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **kwargs
-        )
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+        if not isinstance(text, str):
+            raise TypeError(f"chat template of {self.model.name_or_path!r} did not render to text")
+        return text
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -113,7 +114,7 @@ class HFEngine:
                 else {"do_sample": False}
             )
             with torch.inference_mode():
-                generated = self.model.generate(
+                generated = self.model.generate(  # type: ignore[operator]
                     input_ids=ids,
                     attention_mask=mask,
                     max_new_tokens=max_new_tokens,
@@ -124,7 +125,7 @@ class HFEngine:
             for row in generated[:, ids.shape[1] :].tolist():
                 cut = next((i for i, tok in enumerate(row) if tok in eos), None)
                 kept = row if cut is None else row[: cut + 1]
-                text = self.tokenizer.decode(kept, skip_special_tokens=True)
+                text = str(self.tokenizer.decode(kept, skip_special_tokens=True))
                 out.append(Completion(ids=kept, text=text, truncated=cut is None))
             if progress is not None:
                 progress(len(chunk))

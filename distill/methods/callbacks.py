@@ -85,8 +85,8 @@ class DistillCallback(TrainerCallback):
             self._bar.update(state.global_step, metrics)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any):
-        src = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        dst = Path(args.output_dir) / f"step-{state.global_step}"
+        src = Path(str(args.output_dir)) / f"checkpoint-{state.global_step}"
+        dst = Path(str(args.output_dir)) / f"step-{state.global_step}"
         if src.is_dir():
             if dst.exists():
                 import shutil

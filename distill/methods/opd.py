@@ -15,8 +15,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from distill.methods.context import RunContext
 from distill.methods.scoring import check_lengths, opd_advantages, unpad_rows
 
@@ -64,7 +62,7 @@ def make_trainer_class() -> type:
             )
             out["advantages"] = adv_B_T.to(completion_mask_B_T.device) * completion_mask_B_T
 
-            texts = self.processing_class.batch_decode(completion_rows, skip_special_tokens=True)
+            texts = ctx.student.tokenizer.batch_decode(completion_rows, skip_special_tokens=True)
             eos = set(ctx.student.eos_ids)
             truncated = [not (row and row[-1] in eos) for row in completion_rows]
             scores = ctx.domain.score_batch(items, texts)

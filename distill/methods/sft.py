@@ -113,4 +113,4 @@ def train(ctx: RunContext) -> None:
         callbacks=[_Callback(ctx)],
     )
     quiet(trainer).train(resume_from_checkpoint=str(ctx.resume_from) if ctx.resume_from else None)
-    ctx.student.model = trainer.model
+    ctx.student.model = trainer.model  # type: ignore[assignment]

@@ -1,0 +1,32 @@
+# The two README commands: `make run` (install + the embedded default run) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+export MLFLOW_DISABLE_TELEMETRY ?= true
+export DVC_NO_ANALYTICS ?= 1
+export OMP_WAIT_POLICY ?= PASSIVE
+
+.PHONY: install run test lint clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build on CPU machines.
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+run: install
+	$(BIN)/distill run --domain rlve --method opd
+
+test: install
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check distill tests
+	$(BIN)/mypy distill
+
+clean:
+	rm -rf $(VENV) workspace
