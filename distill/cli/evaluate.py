@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def _training_run(model: str) -> Path | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -11,7 +12,8 @@ from rich.table import Table
 
 from distill.settings import Settings, get_settings
 
-console = Console()
+# Off a terminal rich assumes 80 columns and folds run ids; tables are read in logs and CI too.
+console = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def _pct(metrics: dict[str, float] | None, key: str = "accuracy") -> str:

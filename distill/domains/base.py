@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -49,6 +50,13 @@ class Domain(ABC):
         if len(items) != len(responses):
             raise ValueError(f"score_batch: {len(items)} items but {len(responses)} responses")
         return [self.score(item, response) for item, response in zip(items, responses, strict=True)]
+
+    def solution_segments(self, item: Item, rng: random.Random | None = None) -> list[tuple[str, bool]]:
+        """The worked solution as (text, trainable) segments; with `rng`, a corrupted variant
+        (a wrong intermediate step marked untrainable), where the domain offers one."""
+        if item.solution is None:
+            raise ValueError(f"item {item.id} has no worked solution")
+        return [(item.solution, True)]
 
     def corpus(self) -> list[str]:
         """Texts a locally trained tokenizer should cover (prompts and solutions)."""

@@ -57,7 +57,14 @@ def _get_or_create_experiment(client: MlflowClient, name: str, artifact_root: Pa
         return str(found.experiment_id)
     location = (artifact_root / name).resolve().as_uri() if artifact_root is not None else None
     try:
-        return str(client.create_experiment(name, artifact_location=location))
+        # The experiment kind makes the MLflow UI open it as model training, not as a GenAI app.
+        return str(
+            client.create_experiment(
+                name,
+                artifact_location=location,
+                tags={"mlflow.experimentKind": "custom_model_development"},
+            )
+        )
     except MlflowException:
         # Another process won the race (only possible for non-sqlite stores, which are not locked).
         found = client.get_experiment_by_name(name)

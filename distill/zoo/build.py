@@ -126,17 +126,36 @@ def _make_model(recipe: ModelRecipe, tokenizer: Any) -> Any:
     raise ValueError(f"zoo recipe: unknown arch {recipe.arch!r}")
 
 
-def supervised_examples(tokenizer: Any, items: list[Any]) -> list[tuple[list[int], list[int]]]:
-    """(input_ids, labels) with labels -100 on the prompt: CE on the assistant response only."""
+def supervised_examples(
+    tokenizer: Any, domain: Domain, items: list[Any], corrupt_prob: float = 0.0, seed: int = 0
+) -> list[tuple[list[int], list[int]]]:
+    """(input_ids, labels) with labels -100 on the prompt: CE on the assistant response only.
+
+    With `corrupt_prob`, that share of examples carries one wrong intermediate step whose tokens
+    are masked from the loss (see `Domain.solution_segments`).
+    """
+    import random
+
     from distill.engines.hf import HFEngine
 
     engine = HFEngine.__new__(HFEngine)
     engine.tokenizer, engine.enable_thinking = tokenizer, None
+    rng = random.Random(seed)
     examples = []
     for item in items:
         prompt = engine.prompt_ids(item.prompt)
-        response = engine.encode(item.solution) + [tokenizer.eos_token_id]
-        examples.append((prompt + response, [-100] * len(prompt) + response))
+        if corrupt_prob and rng.random() < corrupt_prob:
+            response, labels = [], []
+            for text, trainable in domain.solution_segments(item, rng):
+                ids = engine.encode(text)
+                response += ids
+                labels += ids if trainable else [-100] * len(ids)
+        else:
+            response = engine.encode(item.solution)
+            labels = list(response)
+        response.append(tokenizer.eos_token_id)
+        labels.append(tokenizer.eos_token_id)
+        examples.append((prompt + response, [-100] * len(prompt) + labels))
     return examples
 
 
@@ -157,7 +176,9 @@ def _build_model(
     items = domain.train_items()
     if recipe.data_items is not None:
         items = items[: recipe.data_items]
-    examples = supervised_examples(tokenizer, [i for i in items if i.solution])
+    examples = supervised_examples(
+        tokenizer, domain, [i for i in items if i.solution], recipe.corrupt_prob, recipe.seed
+    )
     if not examples:
         raise ValueError(f"zoo {name}: the domain gave no worked solutions to train on")
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)

@@ -34,6 +34,8 @@ class ModelRecipe(BaseModel):
     # Train on only the first `data_items` training items (None: all): the student's warm start.
     data_items: int | None = None
     warmup_steps: int = 30
+    # Share of training traces with one wrong, loss-masked intermediate step (teachers only).
+    corrupt_prob: float = 0.0
     seed: int = 0
 
 
@@ -53,6 +55,7 @@ RECIPES: dict[str, Recipe] = {
         steps=400,
         lr=3e-3,
         batch_size=64,
+        corrupt_prob=0.3,
     ),
     "student": ModelRecipe(
         arch="qwen3",

@@ -124,6 +124,18 @@ def test_opd_run_writes_run_dir_and_mlflow(tmp_path: Path, tiny_zoo) -> None:
     [entry] = json.loads(listed.stdout)
     assert entry["run_id"] == run_dir.name and entry["student_after"]["accuracy"] == summary["student_after"]["accuracy"]
 
+    # `distill eval` of a checkpoint is logged as a nested run of its training run.
+    evaluated = _distill(["eval", "--model", str(run_dir / "checkpoints" / "step-4"), "--items", "8", "-n", "2",
+                          "--max-new-tokens", "24"], ws)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "pass@2" in evaluated.stdout and "nested under" in evaluated.stdout
+    children = client.search_runs(
+        [run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{run.info.run_id}'"
+    )
+    assert len(children) == 1
+    child = children[0].data
+    assert 0.0 <= child.metrics["eval/rlve/pass_at_2"] <= 1.0 and child.params["k"] == "2"
+
 
 def test_killed_run_resumes_from_last_checkpoint(tmp_path: Path, tiny_zoo) -> None:
     ws = tmp_path / "ws"

@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from distill.domains.base import Domain, Item, Score, cached_items
-from distill.domains.rlve.solutions import worked_solution
+from distill.domains.rlve.solutions import solution_segments, worked_solution
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -143,6 +143,9 @@ class RLVEDomain(Domain):
 
     def eval_items(self) -> list[Item]:
         return self._eval
+
+    def solution_segments(self, item: Item, rng: random.Random | None = None) -> list[tuple[str, bool]]:
+        return solution_segments(item.meta["environment"], item.meta["config"]["parameter"], rng)
 
     def score(self, item: Item, response: str) -> Score:
         env = self._env(item.meta["environment"])
