@@ -108,10 +108,64 @@ def eval_cmd(
 @app.command(help="List runs: id, domain, method, student, teacher, status, final scores.")
 def runs(
     as_json: Annotated[bool, typer.Option("--json", help="print summary.json of every run as JSON")] = False,
+    domain: Annotated[str | None, typer.Option(help="only runs of this domain")] = None,
+    method: Annotated[str | None, typer.Option(help="only runs of this method")] = None,
+    status: Annotated[
+        str | None, typer.Option(help="only runs with this status (FINISHED, FAILED, KILLED, RUNNING, DIED)")
+    ] = None,
+    sort: Annotated[
+        str, typer.Option(help="started | accuracy (best first) | method | domain | status | id")
+    ] = "started",
 ) -> None:
-    from distill.cli.report import list_runs
+    from distill.cli.report import SORTS, list_runs
 
-    list_runs(as_json)
+    if sort not in SORTS:
+        raise fail(f"unknown --sort {sort!r}; choose one of {', '.join(SORTS)}")
+    list_runs(as_json, domain=domain, method=method, status=status, sort=sort)
+
+
+@app.command(
+    help="Find out why a run went wrong: findings ranked by severity, each with the numbers behind it, "
+    "why it matters and the config change that fixes it. Writes <run>/diagnose/ (report.json, report.md, "
+    "PNG plots) and logs it to the run's MLflow run. Exit code: 0 nothing above info, 1 warnings, "
+    "2 errors; a missing or unreadable run prints one `error:` line and exits 2."
+)
+def diagnose(
+    runs: Annotated[list[str], typer.Argument(help="run ids, unique id prefixes or run directories")],
+    fmt: Annotated[str, typer.Option("--format", help="text | json | markdown")] = "text",
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="write PNG plots under <run>/diagnose/")] = True,
+    mlflow: Annotated[
+        bool, typer.Option("--mlflow/--no-mlflow", help="log <run>/diagnose/ to the run's MLflow run")
+    ] = True,
+) -> None:
+    from distill.cli.diagnose import diagnose_command
+
+    try:
+        code = diagnose_command(runs, fmt, plots, mlflow)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    raise typer.Exit(code)
+
+
+@app.command(
+    help="Put runs side by side: domain, method, student, teacher, steps and final eval scores "
+    "(avg@k, pass@k, solved; Score/Success/Pass(>0) where logged), best per column marked, deltas "
+    "against a baseline run, and a PNG of the eval curves."
+)
+def compare(
+    runs: Annotated[list[str], typer.Argument(help="run ids, unique id prefixes or run directories")],
+    baseline: Annotated[str | None, typer.Option(help="the run deltas are taken against (default: the first)")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table | markdown | csv | json")] = "table",
+    plot: Annotated[Path | None, typer.Option(help="PNG of eval curves (default: <workspace>/compare/)")] = None,
+    no_plot: Annotated[bool, typer.Option("--no-plot", help="skip the eval-curve plot")] = False,
+) -> None:
+    from distill.cli.diagnose import compare_command
+
+    try:
+        code = compare_command(runs, baseline, fmt, plot, no_plot)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    raise typer.Exit(code)
 
 
 zoo_app = typer.Typer(help="The embedded default's tiny models, built locally and cached.", no_args_is_help=True)

@@ -65,13 +65,53 @@ def load_summaries(settings: Settings) -> list[dict[str, Any]]:
     return out
 
 
-def list_runs(as_json: bool) -> None:
-    summaries = load_summaries(get_settings())
+SORTS = ("started", "accuracy", "method", "domain", "status", "id")
+
+
+def _accuracy(summary: dict[str, Any]) -> float:
+    after = summary.get("student_after") or {}
+    value = after.get("accuracy") if isinstance(after, dict) else None
+    return float(value) if isinstance(value, int | float) else float("-inf")
+
+
+def select_runs(
+    summaries: list[dict[str, Any]],
+    domain: str | None = None,
+    method: str | None = None,
+    status: str | None = None,
+    sort: str = "started",
+) -> list[dict[str, Any]]:
+    """Filter by domain/method/status (exact, status case-insensitive) and sort; best accuracy first."""
+    out = [
+        s for s in summaries
+        if (domain is None or s.get("domain") == domain)
+        and (method is None or s.get("method") == method)
+        and (status is None or str(s.get("status", "")).upper() == status.upper())
+    ]
+    if sort == "accuracy":
+        return sorted(out, key=lambda s: (-_accuracy(s), s.get("started", "")))
+    field = {"id": "run_id"}.get(sort, sort)
+    # Ties keep start order, so `--sort method` lists each method's runs oldest first.
+    return sorted(out, key=lambda s: (str(s.get(field, "")), str(s.get("started", ""))))
+
+
+def list_runs(
+    as_json: bool,
+    domain: str | None = None,
+    method: str | None = None,
+    status: str | None = None,
+    sort: str = "started",
+) -> None:
+    every = load_summaries(get_settings())
+    summaries = select_runs(every, domain, method, status, sort)
     if as_json:
         print(json.dumps(summaries, indent=2))
         return
     if not summaries:
-        console.print("no runs yet: try `distill run --domain rlve --method opd`")
+        if every:
+            console.print(f"no runs match the filters ({len(every)} runs in all)")
+        else:
+            console.print("no runs yet: try `distill run --domain rlve --method opd`")
         return
     table = Table(title="runs")
     for col in ("id", "domain", "method", "student", "teacher", "status", "before", "after", "teacher acc"):

@@ -24,6 +24,25 @@ class Completion:
     truncated: bool  # ended at the token budget without EOS
 
 
+def render_chat(
+    tokenizer: PreTrainedTokenizerBase, prompt: str, system: str | None = None, enable_thinking: bool | None = None
+) -> str:
+    """A one-turn chat prompt rendered with the tokenizer's template, ending with the assistant header."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    kwargs: dict[str, Any] = {}
+    if enable_thinking is not None:
+        kwargs["enable_thinking"] = enable_thinking
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+    if not isinstance(text, str):
+        raise TypeError(f"chat template of {tokenizer.name_or_path!r} did not render to text")
+    return text
+
+
+def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Token ids of `text` as it stands: chat templates carry their own special tokens."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 class HFEngine:
     def __init__(
         self,
@@ -34,6 +53,8 @@ class HFEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.enable_thinking = enable_thinking
+        # Rendering a chat template costs ~1 ms; prompts repeat every step and every eval.
+        self._prompt_cache: dict[tuple[str, str | None], list[int]] = {}
         if tokenizer.pad_token_id is None:
             raise ValueError(f"tokenizer of {model.name_or_path!r} has no pad token")
 
@@ -61,22 +82,16 @@ class HFEngine:
 
     def render(self, prompt: str, system: str | None = None) -> str:
         """The chat-templated prompt text, ending with the assistant header."""
-        messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": prompt}
-        ]
-        kwargs: dict[str, Any] = {}
-        if self.enable_thinking is not None:
-            kwargs["enable_thinking"] = self.enable_thinking
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
-        if not isinstance(text, str):
-            raise TypeError(f"chat template of {self.model.name_or_path!r} did not render to text")
-        return text
+        return render_chat(self.tokenizer, prompt, system, self.enable_thinking)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return encode_text(self.tokenizer, text)
 
     def prompt_ids(self, prompt: str, system: str | None = None) -> list[int]:
-        return self.encode(self.render(prompt, system))
+        key = (prompt, system)
+        if key not in self._prompt_cache:
+            self._prompt_cache[key] = self.encode(self.render(prompt, system))
+        return list(self._prompt_cache[key])
 
     def _left_pad(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         import torch

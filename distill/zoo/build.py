@@ -136,22 +136,20 @@ def supervised_examples(
     """
     import random
 
-    from distill.engines.hf import HFEngine
+    from distill.engines.hf import encode_text, render_chat
 
-    engine = HFEngine.__new__(HFEngine)
-    engine.tokenizer, engine.enable_thinking = tokenizer, None
     rng = random.Random(seed)
     examples = []
     for item in items:
-        prompt = engine.prompt_ids(item.prompt)
+        prompt = encode_text(tokenizer, render_chat(tokenizer, item.prompt))
         if corrupt_prob and rng.random() < corrupt_prob:
             response, labels = [], []
             for text, trainable in domain.solution_segments(item, rng):
-                ids = engine.encode(text)
+                ids = encode_text(tokenizer, text)
                 response += ids
                 labels += ids if trainable else [-100] * len(ids)
         else:
-            response = engine.encode(item.solution)
+            response = encode_text(tokenizer, item.solution)
             labels = list(response)
         response.append(tokenizer.eos_token_id)
         labels.append(tokenizer.eos_token_id)

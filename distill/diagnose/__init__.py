@@ -1,0 +1,58 @@
+"""diagnose: rules over a run's logged data -> findings (severity, evidence, fix), reports, plots.
+
+    rec = load_run("20250101-rlve-opd")      # id, unique id prefix or path
+    findings = diagnose(rec)                 # ranked, most severe first
+    exit_code(findings)                      # 0 info only, 1 warnings, 2 errors
+
+Rules are plain functions `RunRecord -> list[Finding]`, listed by `all_rules()` in the order a reader
+should meet them when severities tie: broken setup first, then supervision, then dynamics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from distill.diagnose.findings import Evidence, Finding, Fix, Severity, exit_code, rank
+from distill.diagnose.records import RunNotReadable, RunRecord, Series, load_run
+
+Rule = Callable[[RunRecord], list[Finding]]
+
+
+def all_rules() -> list[Rule]:
+    from distill.diagnose import outcomes, precision
+    from distill.diagnose import rules as budget
+
+    return [
+        budget.run_status,
+        outcomes.pairing,
+        precision.precision,
+        budget.teacher_truncation,
+        budget.coverage,
+        budget.student_truncation,
+        outcomes.eval_divergence,
+        budget.plateau,
+        outcomes.early_reward,
+    ]
+
+
+def diagnose(rec: RunRecord, only: list[Rule] | None = None) -> list[Finding]:
+    """All findings for a run, most severe first."""
+    findings: list[Finding] = []
+    for rule in only or all_rules():
+        try:
+            findings += rule(rec)
+        except Exception as exc:  # odd data must not hide the other rules' findings
+            findings.append(Finding(
+                name=f"rule_crashed:{rule.__name__}",
+                severity=Severity.INFO,
+                title=f"rule {rule.__name__} could not run: {type(exc).__name__}: {exc}",
+                evidence=[],
+                why="A record this rule reads has an unexpected shape; the other rules still ran.",
+            ))
+    return rank(findings)
+
+
+__all__ = [
+    "Evidence", "Finding", "Fix", "RunNotReadable", "RunRecord", "Series", "Severity",
+    "all_rules", "diagnose", "exit_code", "load_run", "rank",
+]
