@@ -55,6 +55,20 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def live_status(summary: dict[str, Any]) -> str:
+    """The recorded status, except RUNNING by a process that no longer exists reads DIED."""
+    status = str(summary.get("status", "?"))
+    pid = summary.get("pid")
+    if status == "RUNNING" and isinstance(pid, int):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return "DIED"  # killed without a chance to record it; `distill run --resume` continues it
+        except PermissionError:
+            pass
+    return status
+
+
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     tmp = run_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from distill.runner import live_status
 from distill.settings import Settings, get_settings
 
 # Off a terminal rich assumes 80 columns and folds run ids; tables are read in logs and CI too.
@@ -39,19 +39,6 @@ def print_run_summary(summary: dict[str, Any], settings: Settings) -> None:
     console.print(f"  open UI  {mlflow_ui_command(uri, settings.artifact_root)}")
 
 
-def _status(summary: dict[str, Any]) -> str:
-    status = summary.get("status", "?")
-    pid = summary.get("pid")
-    if status == "RUNNING" and isinstance(pid, int):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return "DIED"  # killed without a chance to record it; `distill run --resume` continues it
-        except PermissionError:
-            pass
-    return status
-
-
 def load_summaries(settings: Settings) -> list[dict[str, Any]]:
     if not settings.runs_dir.exists():
         return []
@@ -60,7 +47,7 @@ def load_summaries(settings: Settings) -> list[dict[str, Any]]:
         path = run_dir / "summary.json"
         if path.exists():
             summary = json.loads(path.read_text())
-            summary["status"] = _status(summary)
+            summary["status"] = live_status(summary)
             out.append(summary)
     return out
 

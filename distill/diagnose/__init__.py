@@ -30,6 +30,8 @@ def all_rules() -> list[Rule]:
         budget.coverage,
         budget.student_truncation,
         outcomes.eval_divergence,
+        outcomes.eval_regression,
+        outcomes.kl_rising,
         budget.plateau,
         outcomes.early_reward,
     ]

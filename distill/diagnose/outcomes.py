@@ -208,3 +208,62 @@ def pairing(rec: RunRecord) -> list[Finding]:
                            "The pair was run despite a failing preflight check; its signal may be wrong.",
                            advice="read preflight.json for the failing seam or template"))
     return out
+
+
+REGRESSION_WARN, REGRESSION_ERROR = 0.05, 0.15
+KL_RISE = 1.3
+
+
+def _lower_lr(rec: RunRecord) -> list[Fix]:
+    lr = rec.cfg("optim.lr")
+    if not isinstance(lr, int | float) or lr <= 0:
+        return []
+    return [Fix("optim.lr", f"{lr / 3:.2g}", "smaller steps: the updates move the student away from its teacher")]
+
+
+def eval_regression(rec: RunRecord) -> list[Finding]:
+    """Eval accuracy falling below where the student started (collapse, or a harmful update direction)."""
+    out: list[Finding] = []
+    for bench in rec.benches():
+        acc = rec.get(f"eval/{bench}/accuracy")
+        if acc is None or len(acc) < 2:
+            continue
+        a0, worst, last = acc.first(), float(min(acc.values)), acc.last()
+        if a0 - worst < REGRESSION_WARN:
+            continue
+        severity = Severity.ERROR if a0 - last >= REGRESSION_ERROR else Severity.WARNING
+        worst_step = int(acc.steps[list(acc.values).index(worst)])
+        fixes = _lower_lr(rec)
+        if rec.method in ("opd", "opsd") and rec.cfg("method.advantage_clip") is None:
+            fixes.append(Fix("method.advantage_clip", "5", "bound the rare very negative per-token advantages"))
+        out.append(Finding(
+            name=f"eval_regression:{bench}",
+            severity=severity,
+            title=f"{bench}: eval accuracy fell from {pct(a0)} to {pct(worst)} (step {worst_step}); ends at {pct(last)}",
+            evidence=[Evidence(acc.key, f"{fmt(a0)} -> {fmt(worst)} -> {fmt(last)}",
+                               f"steps {int(acc.steps[0])} -> {worst_step} -> {int(acc.steps[-1])}")],
+            why="Training made the student worse than where it started: the update direction is harmful "
+            "(too large a learning rate for the gradient's noise, or a signal the student cannot use).",
+            fixes=fixes,
+            advice="compare with a teacher-SFT run of the same budget (distill compare) before tuning further",
+        ))
+    return out
+
+
+def kl_rising(rec: RunRecord) -> list[Finding]:
+    """On-policy methods should pull the student toward the teacher: a rising reverse KL says they do not."""
+    kl = rec.get("kl/reverse_kl_mean")
+    if kl is None or len(kl) < 10:
+        return []
+    head, tail = kl.window(0.2, last=False), kl.window(0.2, last=True)
+    k0, k1 = head.mean(), tail.mean()
+    if not (k0 > 0 and k1 >= KL_RISE * k0):
+        return []
+    return [Finding(
+        name="kl_rising",
+        severity=Severity.WARNING,
+        title=f"reverse KL to the teacher rose from {fmt(k0)} to {fmt(k1)} (first vs last 20% of steps)",
+        evidence=[Evidence(kl.key, f"{fmt(k0)} -> {fmt(k1)}", f"{head.span()} vs {tail.span()}", "window means")],
+        why="The objective is the student's reverse KL to the teacher; if it rises, the steps overshoot.",
+        fixes=_lower_lr(rec),
+    )]

@@ -17,7 +17,7 @@ import numpy as np
 
 
 def _json_loader() -> Callable[[bytes], Any]:
-    # orjson parses long metrics files 4x faster; it comes with the archive extra, so it is optional.
+    # orjson (a dependency) parses long metrics files 4x faster; fall back to json if it is missing.
     try:
         import orjson
     except ImportError:  # pragma: no cover - depends on the environment

@@ -254,8 +254,17 @@ def plateau(rec: RunRecord) -> list[Finding]:
     ]
 
 
+_STATUS_PHRASE = {
+    "RUNNING": "is still running",
+    "KILLED": "was interrupted",
+    "DIED": "died without recording it (process gone)",
+}
+
+
 def run_status(rec: RunRecord) -> list[Finding]:
-    status = str(rec.summary.get("status", "?"))
+    from distill.runner import live_status
+
+    status = live_status(rec.summary)
     out: list[Finding] = []
     if status == "FAILED":
         out.append(Finding(
@@ -264,12 +273,13 @@ def run_status(rec: RunRecord) -> list[Finding]:
             "Findings below cover only the steps logged before the failure.",
             advice=f"read {rec.run_dir / 'error.log'}; continue with `distill run --resume {rec.name}`",
         ))
-    elif status in ("KILLED", "RUNNING"):
+    elif status in ("KILLED", "RUNNING", "DIED"):
         out.append(Finding(
-            "run_unfinished", Severity.INFO, f"the run is {status.lower()}: findings cover steps <= {rec.train_steps()}",
+            "run_unfinished", Severity.INFO,
+            f"the run {_STATUS_PHRASE[status]}: findings cover steps <= {rec.train_steps()}",
             [Evidence("summary.json status", status)],
             "A killed or live run has no final eval; eval-based findings use the last eval logged.",
-            advice=f"continue with `distill run --resume {rec.name}`" if status == "KILLED" else "",
+            advice=f"continue with `distill run --resume {rec.name}`" if status != "RUNNING" else "",
         ))
     if not rec.series:
         out.append(Finding("no_metrics", Severity.WARNING, "no metrics logged (metrics.jsonl missing or empty)",

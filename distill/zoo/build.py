@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -75,6 +76,9 @@ def ensure_built(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         start = time.time()
+        if show_progress:
+            print(f"zoo: building {name} for {domain_config.name} (first use; cached in {target.parent})",
+                  file=sys.stderr, flush=True)
         if isinstance(recipe, TokenizerRecipe):
             extra = _build_tokenizer(recipe, domain, tmp)
         else:
@@ -91,6 +95,9 @@ def ensure_built(
         (tmp / "zoo.json").write_text(entry.model_dump_json(indent=2))
         # The rename is the commit point: a killed build leaves only a tmp folder behind.
         os.replace(tmp, target)
+        if show_progress:
+            score = f", eval accuracy {entry.eval['accuracy']:.1%}" if "accuracy" in entry.eval else ""
+            print(f"zoo: built {name} in {entry.seconds:.0f} s{score}", file=sys.stderr, flush=True)
     return target
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from distill.diagnose import Severity, load_run
-from distill.diagnose.outcomes import early_reward, eval_divergence, pairing
+from distill.diagnose.outcomes import early_reward, eval_divergence, eval_regression, kl_rising, pairing
 
 from .conftest import MakeRun
 from .fake_runs import eval_rows, series_rows
@@ -91,3 +91,28 @@ def test_cross_family_vocab_and_preflight(make_run: MakeRun) -> None:
     found = {f.name: f for f in pairing(load_run("rose-x"))}
     assert found["cross_family"].severity is Severity.INFO
     assert found["preflight_failed"].title == "preflight check failed: seam.teacher_roundtrip"
+
+
+def test_eval_regression_flags_a_student_made_worse(make_run: MakeRun) -> None:
+    # The shape of a real OPD run at lr 1e-3 on the embedded default: 45% -> 11.5% by step 50.
+    make_run("worse", config={"optim.lr": 1e-3},
+             metrics=[eval_rows("rlve", 0, {"accuracy": 0.45}), eval_rows("rlve", 50, {"accuracy": 0.115})])
+    [f] = eval_regression(load_run("worse"))
+    assert f.severity is Severity.ERROR and f.name == "eval_regression:rlve"
+    assert "45.0% to 11.5% (step 50)" in f.title
+    assert [x.override for x in f.fixes] == ["optim.lr=0.00033", "method.advantage_clip=5"]
+    # A small dip that recovers is a warning; a rise is nothing.
+    make_run("dip", metrics=[eval_rows("rlve", 0, {"accuracy": 0.45}), eval_rows("rlve", 50, {"accuracy": 0.38}),
+                             eval_rows("rlve", 100, {"accuracy": 0.46})])
+    [g] = eval_regression(load_run("dip"))
+    assert g.severity is Severity.WARNING
+    make_run("up", metrics=[eval_rows("rlve", 0, {"accuracy": 0.45}), eval_rows("rlve", 50, {"accuracy": 0.7})])
+    assert eval_regression(load_run("up")) == []
+
+
+def test_kl_rising_fires_only_when_the_student_drifts_from_its_teacher(make_run: MakeRun) -> None:
+    make_run("drift", config={"optim.lr": 3e-3}, metrics=series_rows(50, kl__reverse_kl_mean=lambda s: 0.5 + 0.04 * s))
+    [f] = kl_rising(load_run("drift"))
+    assert f.name == "kl_rising" and [x.override for x in f.fixes] == ["optim.lr=0.001"]
+    make_run("falling", metrics=series_rows(50, kl__reverse_kl_mean=lambda s: 1.0 - 0.01 * s))
+    assert kl_rising(load_run("falling")) == []
