@@ -32,6 +32,7 @@ def all_rules() -> list[Rule]:
         outcomes.eval_divergence,
         outcomes.eval_regression,
         outcomes.kl_rising,
+        outcomes.teacher_gap,
         budget.plateau,
         outcomes.early_reward,
     ]

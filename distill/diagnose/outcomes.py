@@ -267,3 +267,42 @@ def kl_rising(rec: RunRecord) -> list[Finding]:
         why="The objective is the student's reverse KL to the teacher; if it rises, the steps overshoot.",
         fixes=_lower_lr(rec),
     )]
+
+
+GAP_CLOSED_WARN = 0.25
+
+
+def teacher_gap(rec: RunRecord) -> list[Finding]:
+    """A finished run that closed little of the student-teacher gap on the eval set."""
+    before, after = rec.summary.get("student_before"), rec.summary.get("student_after")
+    teacher = rec.summary.get("teacher_score")
+    if not (isinstance(before, dict) and isinstance(after, dict) and isinstance(teacher, dict)):
+        return []
+    try:
+        b, a, t = float(before["accuracy"]), float(after["accuracy"]), float(teacher["accuracy"])
+    except (KeyError, TypeError, ValueError):
+        return []
+    gap = t - b
+    if gap < 0.1 or a - b >= GAP_CLOSED_WARN * gap or a < b - REGRESSION_WARN:
+        return []  # nothing to close, enough closed, or already reported as a regression
+    closed = (a - b) / gap
+    fixes: list[Fix] = []
+    if rec.method in ("opd", "opsd"):
+        fixes.append(Fix("method.name", "sft", "control: teacher-SFT on the same prompts and budget"))
+    steps = rec.cfg("optim.max_steps")
+    if isinstance(steps, int):
+        fixes.append(Fix("optim.max_steps", str(steps * 2), "more updates, if the loss is still falling"))
+    return [Finding(
+        name="teacher_gap",
+        severity=Severity.WARNING,
+        title=f"the student closed {pct(closed)} of the gap to its teacher ({pct(b)} -> {pct(a)}; teacher {pct(t)})",
+        evidence=[
+            Evidence("summary.json student_before.accuracy", b),
+            Evidence("summary.json student_after.accuracy", a),
+            Evidence("summary.json teacher_score.accuracy", t),
+        ],
+        why="The method moved the student little although the teacher is far ahead on the same items: the "
+        "signal reaches the student too weakly (learning rate, steps) or is one it cannot use.",
+        fixes=fixes,
+        advice="put it beside a teacher-SFT run with `distill compare` before tuning",
+    )]
