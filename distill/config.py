@@ -86,6 +86,8 @@ class OptimConfig(Strict):
     grad_accum: int = Field(1, ge=1)
     # Batch size (sequences) for supervised methods.
     batch_size: int = Field(32, ge=1)
+    # Recompute activations in backward (TRL's default): saves GPU memory, costs time on tiny models.
+    gradient_checkpointing: bool = False
 
 
 class EvalConfig(Strict):

@@ -118,6 +118,7 @@ def trainer_common_args(ctx: RunContext) -> dict[str, Any]:
         weight_decay=cfg.optim.weight_decay,
         max_grad_norm=cfg.optim.max_grad_norm,
         gradient_accumulation_steps=cfg.optim.grad_accum,
+        gradient_checkpointing=cfg.optim.gradient_checkpointing,
         logging_steps=cfg.tracking.log_every_steps,
         save_strategy="steps",
         save_steps=every if every else cfg.optim.max_steps,
