@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from distill import __version__
 from distill.archive.manifest import build_manifest
-from distill.config import RunConfig, dump_config, flatten, load_run_config
+from distill.config import ModelConfig, RunConfig, dump_config, flatten, load_run_config
 
 if TYPE_CHECKING:
     from distill.engines.hf import HFEngine
@@ -176,11 +176,11 @@ def _open_tracker(config: RunConfig, settings: Settings, run_dir: Path, summary:
     return tracker
 
 
-def _load_engine(name: str, precision: str, thinking: bool | None, config: RunConfig, settings: Settings) -> HFEngine:
+def _load_engine(spec: ModelConfig, config: RunConfig, settings: Settings) -> HFEngine:
     from distill.engines.hf import HFEngine
     from distill.zoo import resolve_model
 
-    return HFEngine.load(resolve_model(name, config.domain, settings), precision, thinking)
+    return HFEngine.load(resolve_model(spec.name, config.domain, settings), spec.precision, spec.enable_thinking)
 
 
 def _train_and_evaluate(
@@ -214,8 +214,8 @@ def _train_and_evaluate(
         torch.set_num_threads(config.threads)
     set_seed(config.seed)
     domain = build_domain(config.domain)
-    student = _load_engine(config.student.name, config.student.precision, config.student.enable_thinking, config, settings)
-    teacher = _load_engine(config.teacher.name, config.teacher.precision, config.teacher.enable_thinking, config, settings)
+    student = _load_engine(config.student, config, settings)
+    teacher = _load_engine(config.teacher, config, settings)
     manifest = build_manifest(config, argv, tracker.run_id, student, teacher)
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     tracker.log_artifact(run_dir / "config.yaml")

@@ -90,10 +90,7 @@ def make_trainer_class() -> type:
                         "student_tokens": lengths[i],
                         "truncated": truncated[i],
                         "correct": scores[i].correct,
-                        "advantage_mean": sum(
-                            method.coef * (t - s) for t, s in zip(teacher_rows[i], student_rows[i], strict=True)
-                        )
-                        / max(1, lengths[i]),
+                        "advantage_mean": float(adv_B_T[i, : lengths[i]].mean()) if lengths[i] else 0.0,
                     }
                     for i in range(min(n, len(items)))
                 ],
