@@ -145,9 +145,30 @@ def execute(
     summary["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     summary.pop("error", None)
     write_summary(run_dir, summary)
+    _diagnose_at_end(run_dir, tracker, summary, say)
+    write_summary(run_dir, summary)
     tracker.log_artifact(run_dir / "summary.json")
     tracker.finish("FINISHED")
     return summary
+
+
+def _diagnose_at_end(run_dir: Path, tracker: Any, summary: dict[str, Any], say: Say) -> None:
+    """The diagnose summary of DESIGN's run path: findings in summary.json, report and plots logged."""
+    try:
+        from distill.diagnose.findings import Severity
+        from distill.diagnose.records import load_run
+        from distill.diagnose.report import build_report
+
+        report = build_report(load_run(run_dir))
+    except Exception as exc:  # a diagnosis that fails must not fail a finished run
+        say(f"diagnose: skipped ({type(exc).__name__}: {exc})")
+        return
+    if (run_dir / "diagnose").is_dir():
+        tracker.log_artifact(run_dir / "diagnose", "diagnose")
+    summary["diagnose"] = {
+        "counts": report.counts(),
+        "findings": [f.name for f in report.findings if f.severity >= Severity.WARNING],
+    }
 
 
 def _open_tracker(config: RunConfig, settings: Settings, run_dir: Path, summary: dict[str, Any]) -> Any:

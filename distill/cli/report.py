@@ -34,6 +34,11 @@ def print_run_summary(summary: dict[str, Any], settings: Settings) -> None:
     console.print(f"  student  accuracy {_pct(before)} -> {_pct(after)}  ({delta:+.1f} points)")
     if teacher:
         console.print(f"  teacher  accuracy {_pct(teacher)}")
+    diag = summary.get("diagnose")
+    if diag:
+        counts = ", ".join(f"{n} {label}" for label, n in diag["counts"].items() if n and label != "info")
+        named = f": {', '.join(diag['findings'])}" if diag["findings"] else ""
+        console.print(f"  diagnose {counts or 'no warnings'}{named}  (distill diagnose {summary['run_id']})")
     console.print(f"  run dir  {summary['run_dir']}")
     console.print(f"  mlflow   run {summary.get('mlflow_run_id')} in {uri}")
     console.print(f"  open UI  {mlflow_ui_command(uri, settings.artifact_root)}")

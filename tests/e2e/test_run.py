@@ -117,7 +117,13 @@ def test_opd_run_writes_run_dir_and_mlflow(tmp_path: Path, tiny_zoo) -> None:
     history = client.get_metric_history(run.info.run_id, "eval/rlve/accuracy")
     assert sorted(m.step for m in history) == [0, 4]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "manifest.json", "summary.json", "metrics.jsonl", "samples", "eval"} <= artifacts
+    assert {"config.yaml", "manifest.json", "summary.json", "metrics.jsonl", "samples", "eval", "diagnose"} <= artifacts
+    # The run ends with its own diagnosis: report and plots in the run dir, counts in summary.json.
+    report = json.loads((run_dir / "diagnose" / "report.json").read_text())
+    assert report["run_id"] == run_dir.name and report["status"] == "FINISHED"
+    assert (run_dir / "diagnose" / "loss.png").exists()
+    assert set(summary["diagnose"]["counts"]) == {"error", "warning", "info"}
+    assert "diagnose" in proc.stdout
 
     listed = _distill(["runs", "--json"], ws)
     assert listed.returncode == 0
