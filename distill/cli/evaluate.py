@@ -25,6 +25,7 @@ def run_eval(model: str, domain: str, n: int, items: int, temperature: float | N
     from distill.domains import build_domain
     from distill.engines.hf import HFEngine
     from distill.evals.runner import evaluate
+    from distill.methods.context import eval_metric_names
     from distill.settings import get_settings
     from distill.tracking.mlflow import open_tracker
     from distill.zoo import resolve_model
@@ -56,6 +57,6 @@ def run_eval(model: str, domain: str, n: int, items: int, temperature: float | N
         tags={"domain": domain, "model": model, "kind": "eval"},
     )
     tracker.log_params({"model": model, "k": n, "items": items, "temperature": temp})
-    tracker.log_metrics({f"eval/{domain}/{k}": v for k, v in result.metrics.items()}, step=0)
+    tracker.log_metrics(eval_metric_names(domain, result), step=0)
     tracker.finish()
     console.print(f"logged to MLflow run {tracker.run_id}" + (f" (nested under {parent.name})" if parent else ""))

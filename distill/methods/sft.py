@@ -85,7 +85,6 @@ def train(ctx: RunContext) -> None:
         "teacher/verified_rate": sum(r["correct"] for r in rows) / len(rows),
         "teacher/kept_trajectories": float(len(kept)),
     }
-    ctx.log.tracker.log_metrics(budget_stats, step=0)
     ctx.log.write(0, budget_stats)
     dataset = Dataset.from_list(
         [{"prompt": ctx.student.render(r["prompt"]), "completion": r["completion"]} for r in kept]
