@@ -31,17 +31,39 @@ class ModelConfig(Strict):
     enable_thinking: bool | None = None
 
 
-class DomainConfig(Strict):
-    name: str = "rlve"
-    # rlve: rlve-gym environment identifiers and the difficulty parameter handed to generator().
-    environments: list[str] = Field(default_factory=lambda: ["Sorting", "Multiplication"])
-    parameters: dict[str, dict[str, Any]] = Field(
-        default_factory=lambda: {"Sorting": {"N": 3}, "Multiplication": {"digit_num": 1}}
-    )
+class DomainBase(Strict):
+    """What every domain config has; each domain adds its own fields in its own model below."""
+
     train_size: int = Field(4096, ge=1)
     eval_size: int = Field(200, ge=1)
     # Eval items are drawn from a seed stream disjoint from training items.
     eval_seed: int = 1_000_003
+
+
+class RLVEDomainConfig(DomainBase):
+    name: Literal["rlve"] = "rlve"
+    # rlve-gym environment identifiers and the difficulty parameter handed to generator().
+    environments: list[str] = Field(default_factory=lambda: ["Sorting", "Multiplication"])
+    parameters: dict[str, dict[str, Any]] = Field(
+        default_factory=lambda: {"Sorting": {"N": 3}, "Multiplication": {"digit_num": 1}}
+    )
+
+
+# One model per domain, chosen by `name` (the registry key); add a domain's model to this union.
+DomainConfig = Annotated[RLVEDomainConfig, Field(discriminator="name")]
+
+
+def domain_config(name: str, **fields: Any) -> DomainConfig:
+    """A domain's config from its name and fields (validated like the `domain:` section)."""
+    from pydantic import TypeAdapter
+
+    domains, _ = _known()
+    if name not in domains:
+        raise ConfigError(f"unknown domain {name!r}; known: {', '.join(domains)}")
+    try:
+        return TypeAdapter(DomainConfig).validate_python({"name": name, **fields})
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, prefix="domain")) from None
 
 
 class SFTMethod(Strict):
@@ -119,7 +141,7 @@ class TrackingConfig(Strict):
 
 
 class RunConfig(Strict):
-    domain: DomainConfig = Field(default_factory=DomainConfig)
+    domain: DomainConfig = Field(default_factory=RLVEDomainConfig)
     method: MethodConfig = Field(default_factory=OPDMethod)
     student: ModelConfig = Field(default_factory=lambda: ModelConfig(name="zoo:student"))
     teacher: ModelConfig = Field(default_factory=lambda: ModelConfig(name="zoo:teacher"))
@@ -203,10 +225,16 @@ def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def format_validation_error(exc: ValidationError) -> str:
+def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
     parts = []
+    # Union members show up in pydantic's locations as their tag (`method.opd.coef`): drop them.
+    domains, methods = _known()
+    tags = set(domains) | set(methods)
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p in ("sft", "opd")))
+        loc = ".".join(
+            ([prefix] if prefix else [])
+            + [str(p) for p in err["loc"] if not (isinstance(p, str) and p in tags)]
+        )
         parts.append(f"{loc or '<root>'}: {err['msg']}")
     return "invalid config: " + "; ".join(parts)
 
@@ -225,7 +253,9 @@ def resolve_config(
         file_data = {}
     parsed = [parse_override(text) for text in overrides or []]
     # domain.name / method.name given as overrides choose the preset like --domain / --method.
-    named = {".".join(path): value for path, value in parsed if path in (["domain", "name"], ["method", "name"])}
+    named = {
+        ".".join(path): value for path, value in parsed if path in (["domain", "name"], ["method", "name"])
+    }
     domain = domain or named.get("domain.name") or _dig(file_data, "domain", "name") or "rlve"
     method = method or named.get("method.name") or _dig(file_data, "method", "name") or "opd"
     domains, methods = _known()

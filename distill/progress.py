@@ -48,9 +48,7 @@ class StepBar:
         self._total = total
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
-        figures = "  ".join(
-            f"{k.split('/')[-1]} {metrics[k]:.3g}" for k in self.SHOWN if k in metrics
-        )
+        figures = "  ".join(f"{k.split('/')[-1]} {metrics[k]:.3g}" for k in self.SHOWN if k in metrics)
         self._progress.update(self._task, completed=step, figures=figures)
         # Off a terminal (CI, nohup) print a line every tenth of the run instead of a bar.
         if not self._tty and (step % max(1, self._total // 10) == 0 or step == self._total):

@@ -201,7 +201,9 @@ def _load_engine(spec: ModelConfig, config: RunConfig, settings: Settings) -> HF
     from distill.engines.hf import HFEngine
     from distill.zoo import resolve_model
 
-    return HFEngine.load(resolve_model(spec.name, config.domain, settings), spec.precision, spec.enable_thinking)
+    return HFEngine.load(
+        resolve_model(spec.name, config.domain, settings), spec.precision, spec.enable_thinking
+    )
 
 
 def _train_and_evaluate(
@@ -264,7 +266,9 @@ def _train_and_evaluate(
     def evaluate_student(step: int, model: Any) -> EvalResult:
         from distill.engines.hf import HFEngine
 
-        return run_eval(HFEngine(model, student.tokenizer, student.enable_thinking), f"eval: step {step}", step)
+        return run_eval(
+            HFEngine(model, student.tokenizer, student.enable_thinking), f"eval: step {step}", step
+        )
 
     ctx = RunContext(
         config=config,

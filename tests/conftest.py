@@ -13,7 +13,7 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from distill.config import DomainConfig  # noqa: E402
+from distill.config import DomainConfig, RLVEDomainConfig  # noqa: E402
 from distill.zoo.recipes import ModelRecipe, TokenizerRecipe  # noqa: E402
 
 # Small enough to build in seconds; the default recipes are exercised by the README command.
@@ -21,18 +21,37 @@ TINY_RECIPES = {
     "tok-qwen": TokenizerRecipe(family="qwen", vocab_size=400),
     "tok-llama": TokenizerRecipe(family="llama", vocab_size=450),
     "teacher": ModelRecipe(
-        arch="qwen3", tokenizer="tok-qwen", hidden=64, layers=1, heads=2, kv_heads=1,
-        intermediate=128, steps=60, lr=3e-3, batch_size=16, warmup_steps=5,
+        arch="qwen3",
+        tokenizer="tok-qwen",
+        hidden=64,
+        layers=1,
+        heads=2,
+        kv_heads=1,
+        intermediate=128,
+        steps=60,
+        lr=3e-3,
+        batch_size=16,
+        warmup_steps=5,
     ),
     "student": ModelRecipe(
-        arch="qwen3", tokenizer="tok-qwen", hidden=32, layers=1, heads=1, kv_heads=1,
-        intermediate=64, steps=20, lr=3e-3, batch_size=16, data_items=64, warmup_steps=5,
+        arch="qwen3",
+        tokenizer="tok-qwen",
+        hidden=32,
+        layers=1,
+        heads=1,
+        kv_heads=1,
+        intermediate=64,
+        steps=20,
+        lr=3e-3,
+        batch_size=16,
+        data_items=64,
+        warmup_steps=5,
     ),
 }
 
 
 def tiny_domain() -> DomainConfig:
-    return DomainConfig(train_size=256, eval_size=16)
+    return RLVEDomainConfig(train_size=256, eval_size=16)
 
 
 @pytest.fixture(scope="session", autouse=True)

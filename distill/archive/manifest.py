@@ -14,8 +14,21 @@ if TYPE_CHECKING:
     from distill.config import RunConfig
     from distill.engines.hf import HFEngine
 
-PACKAGES = ("torch", "transformers", "trl", "accelerate", "datasets", "tokenizers", "mlflow", "dvc",
-            "vllm", "rlve-gym", "math-verify", "scienceworld", "peft")
+PACKAGES = (
+    "torch",
+    "transformers",
+    "trl",
+    "accelerate",
+    "datasets",
+    "tokenizers",
+    "mlflow",
+    "dvc",
+    "vllm",
+    "rlve-gym",
+    "math-verify",
+    "scienceworld",
+    "peft",
+)
 
 
 def package_versions() -> dict[str, str]:

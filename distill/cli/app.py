@@ -52,11 +52,15 @@ def main_callback(
     "(e.g. optim.lr=1e-5 optim.max_steps=20).",
 )
 def run(
-    overrides: Annotated[list[str] | None, typer.Argument(help="dotted overrides, e.g. optim.lr=1e-5")] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="dotted overrides, e.g. optim.lr=1e-5")
+    ] = None,
     domain: Annotated[str | None, typer.Option(help="rlve")] = None,
     method: Annotated[str | None, typer.Option(help="sft | opd")] = None,
     config: Annotated[Path | None, typer.Option("--config", help="a YAML config file")] = None,
-    resume: Annotated[str | None, typer.Option(help="continue a run (id or path) from its last checkpoint")] = None,
+    resume: Annotated[
+        str | None, typer.Option(help="continue a run (id or path) from its last checkpoint")
+    ] = None,
     student: Annotated[str | None, typer.Option(help="student model: zoo:<name>, a path or a hub id")] = None,
     teacher: Annotated[str | None, typer.Option(help="teacher model: zoo:<name>, a path or a hub id")] = None,
 ) -> None:
@@ -90,7 +94,9 @@ def run(
 
 @app.command(name="eval", help="Evaluate a model (zoo:<name>, path, hub id or run checkpoint) on a domain.")
 def eval_cmd(
-    model: Annotated[str, typer.Option(help="zoo:<name>, a local path, a hub id, or runs/<id>/checkpoints/step-N")],
+    model: Annotated[
+        str, typer.Option(help="zoo:<name>, a local path, a hub id, or runs/<id>/checkpoints/step-N")
+    ],
     domain: Annotated[str, typer.Option(help="rlve")] = "rlve",
     n: Annotated[int, typer.Option("-n", help="samples per item (k)")] = 1,
     items: Annotated[int, typer.Option(help="eval items")] = 200,
@@ -133,7 +139,9 @@ def runs(
 def diagnose(
     runs: Annotated[list[str], typer.Argument(help="run ids, unique id prefixes or run directories")],
     fmt: Annotated[str, typer.Option("--format", help="text | json | markdown")] = "text",
-    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="write PNG plots under <run>/diagnose/")] = True,
+    plots: Annotated[
+        bool, typer.Option("--plots/--no-plots", help="write PNG plots under <run>/diagnose/")
+    ] = True,
     mlflow: Annotated[
         bool, typer.Option("--mlflow/--no-mlflow", help="log <run>/diagnose/ to the run's MLflow run")
     ] = True,
@@ -154,9 +162,13 @@ def diagnose(
 )
 def compare(
     runs: Annotated[list[str], typer.Argument(help="run ids, unique id prefixes or run directories")],
-    baseline: Annotated[str | None, typer.Option(help="the run deltas are taken against (default: the first)")] = None,
+    baseline: Annotated[
+        str | None, typer.Option(help="the run deltas are taken against (default: the first)")
+    ] = None,
     fmt: Annotated[str, typer.Option("--format", help="table | markdown | csv | json")] = "table",
-    plot: Annotated[Path | None, typer.Option(help="PNG of eval curves (default: <workspace>/compare/)")] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="PNG of eval curves (default: <workspace>/compare/)")
+    ] = None,
     no_plot: Annotated[bool, typer.Option("--no-plot", help="skip the eval-curve plot")] = False,
 ) -> None:
     from distill.cli.diagnose import compare_command
@@ -168,7 +180,9 @@ def compare(
     raise typer.Exit(code)
 
 
-zoo_app = typer.Typer(help="The embedded default's tiny models, built locally and cached.", no_args_is_help=True)
+zoo_app = typer.Typer(
+    help="The embedded default's tiny models, built locally and cached.", no_args_is_help=True
+)
 app.add_typer(zoo_app, name="zoo")
 
 

@@ -20,8 +20,10 @@ def _training_run(model: str) -> Path | None:
     return None
 
 
-def run_eval(model: str, domain: str, n: int, items: int, temperature: float | None, max_new_tokens: int) -> None:
-    from distill.config import DomainConfig, EvalConfig
+def run_eval(
+    model: str, domain: str, n: int, items: int, temperature: float | None, max_new_tokens: int
+) -> None:
+    from distill.config import EvalConfig, domain_config
     from distill.domains import build_domain
     from distill.engines.hf import HFEngine
     from distill.evals.runner import evaluate
@@ -31,7 +33,7 @@ def run_eval(model: str, domain: str, n: int, items: int, temperature: float | N
     from distill.zoo import resolve_model
 
     settings = get_settings()
-    domain_cfg = DomainConfig(name=domain)
+    domain_cfg = domain_config(domain)
     path = resolve_model(model, domain_cfg, settings)
     if not model.startswith("zoo:") and Path(model).exists() and not (Path(model) / "config.json").exists():
         raise ValueError(f"{model} is not a model folder (no config.json)")
@@ -59,4 +61,6 @@ def run_eval(model: str, domain: str, n: int, items: int, temperature: float | N
     tracker.log_params({"model": model, "k": n, "items": items, "temperature": temp})
     tracker.log_metrics(eval_metric_names(domain, result), step=0)
     tracker.finish()
-    console.print(f"logged to MLflow run {tracker.run_id}" + (f" (nested under {parent.name})" if parent else ""))
+    console.print(
+        f"logged to MLflow run {tracker.run_id}" + (f" (nested under {parent.name})" if parent else "")
+    )

@@ -30,7 +30,9 @@ def print_run_summary(summary: dict[str, Any], settings: Settings) -> None:
     delta = (after.get("accuracy", 0.0) - before.get("accuracy", 0.0)) * 100
     uri = summary.get("tracking_uri", settings.resolved_tracking_uri)
     console.print()
-    console.print(f"[bold]run {summary['run_id']}[/bold]  {summary['status']}  ({summary.get('seconds', 0):.0f} s)")
+    console.print(
+        f"[bold]run {summary['run_id']}[/bold]  {summary['status']}  ({summary.get('seconds', 0):.0f} s)"
+    )
     console.print(f"  student  accuracy {_pct(before)} -> {_pct(after)}  ({delta:+.1f} points)")
     if teacher:
         console.print(f"  teacher  accuracy {_pct(teacher)}")
@@ -75,7 +77,8 @@ def select_runs(
 ) -> list[dict[str, Any]]:
     """Filter by domain/method/status (exact, status case-insensitive) and sort; best accuracy first."""
     out = [
-        s for s in summaries
+        s
+        for s in summaries
         if (domain is None or s.get("domain") == domain)
         and (method is None or s.get("method") == method)
         and (status is None or str(s.get("status", "")).upper() == status.upper())
@@ -110,19 +113,26 @@ def list_runs(
         table.add_column(col)
     for s in summaries:
         table.add_row(
-            s["run_id"], s.get("domain", ""), s.get("method", ""), s.get("student", ""), s.get("teacher", ""),
-            s["status"], _pct(s.get("student_before")), _pct(s.get("student_after")), _pct(s.get("teacher_score")),
+            s["run_id"],
+            s.get("domain", ""),
+            s.get("method", ""),
+            s.get("student", ""),
+            s.get("teacher", ""),
+            s["status"],
+            _pct(s.get("student_before")),
+            _pct(s.get("student_after")),
+            _pct(s.get("teacher_score")),
         )
     console.print(table)
 
 
 def zoo_build(names: list[str], domain: str) -> None:
-    from distill.config import DomainConfig
+    from distill.config import domain_config
     from distill.zoo.build import ensure_built, read_entry
     from distill.zoo.recipes import RECIPES
 
     settings = get_settings()
-    cfg = DomainConfig(name=domain)
+    cfg = domain_config(domain)
     for name in names or list(RECIPES):
         path = ensure_built(settings.zoo_path, name, cfg)
         entry = read_entry(path)
@@ -143,7 +153,11 @@ def zoo_ls() -> None:
         if entry is None:
             continue
         table.add_row(
-            f"zoo:{entry.name}", entry.domain, entry.key, f"{entry.params:,}",
-            _pct(entry.eval), f"{entry.seconds:.0f}",
+            f"zoo:{entry.name}",
+            entry.domain,
+            entry.key,
+            f"{entry.params:,}",
+            _pct(entry.eval),
+            f"{entry.seconds:.0f}",
         )
     console.print(table)

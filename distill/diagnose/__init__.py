@@ -45,17 +45,29 @@ def diagnose(rec: RunRecord, only: list[Rule] | None = None) -> list[Finding]:
         try:
             findings += rule(rec)
         except Exception as exc:  # odd data must not hide the other rules' findings
-            findings.append(Finding(
-                name=f"rule_crashed:{rule.__name__}",
-                severity=Severity.INFO,
-                title=f"rule {rule.__name__} could not run: {type(exc).__name__}: {exc}",
-                evidence=[],
-                why="A record this rule reads has an unexpected shape; the other rules still ran.",
-            ))
+            findings.append(
+                Finding(
+                    name=f"rule_crashed:{rule.__name__}",
+                    severity=Severity.INFO,
+                    title=f"rule {rule.__name__} could not run: {type(exc).__name__}: {exc}",
+                    evidence=[],
+                    why="A record this rule reads has an unexpected shape; the other rules still ran.",
+                )
+            )
     return rank(findings)
 
 
 __all__ = [
-    "Evidence", "Finding", "Fix", "RunNotReadable", "RunRecord", "Series", "Severity",
-    "all_rules", "diagnose", "exit_code", "load_run", "rank",
+    "Evidence",
+    "Finding",
+    "Fix",
+    "RunNotReadable",
+    "RunRecord",
+    "Series",
+    "Severity",
+    "all_rules",
+    "diagnose",
+    "exit_code",
+    "load_run",
+    "rank",
 ]

@@ -75,7 +75,7 @@ def _final_metrics(rec: RunRecord) -> dict[str, float]:
         for key in rec.series:
             s = rec.get(key) if key.startswith(prefix) else None
             if s is not None:
-                out[key[len(prefix):]] = s.last()
+                out[key[len(prefix) :]] = s.last()
     return out
 
 
@@ -83,8 +83,14 @@ def row_for(rec: RunRecord) -> Row:
     curves = {}
     for bench in rec.benches():
         prefix = f"eval/{bench}/avg@"
-        ks = sorted((int(k[len(prefix):]) for k in rec.series if k.startswith(prefix) and k[len(prefix):].isdigit()),
-                    reverse=True)
+        ks = sorted(
+            (
+                int(k[len(prefix) :])
+                for k in rec.series
+                if k.startswith(prefix) and k[len(prefix) :].isdigit()
+            ),
+            reverse=True,
+        )
         # The curve of the largest k (avg@16 over avg@1), else SciWorld's score, else accuracy.
         for key in (*(f"{prefix}{k}" for k in ks), f"eval/{bench}/score", f"eval/{bench}/accuracy"):
             s = rec.get(key)
@@ -92,11 +98,14 @@ def row_for(rec: RunRecord) -> Row:
                 curves[key] = s
                 break
     return Row(
-        run_id=rec.name, domain=rec.domain, method=rec.method,
+        run_id=rec.name,
+        domain=rec.domain,
+        method=rec.method,
         student=_short(rec.cfg("student.name") or rec.summary.get("student")),
         teacher=_short(rec.cfg("teacher.name") or rec.summary.get("teacher")),
         steps=int(rec.summary.get("steps") or rec.train_steps()),
-        metrics=_final_metrics(rec), curves=curves,
+        metrics=_final_metrics(rec),
+        curves=curves,
     )
 
 
@@ -165,32 +174,63 @@ def to_csv(table: Table) -> str:
     best = table.best()
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["run_id", "domain", "method", "student", "teacher", "steps", "baseline",
-                     *table.columns, *(f"{c}_delta" for c in table.columns), "best_in"])
+    writer.writerow(
+        [
+            "run_id",
+            "domain",
+            "method",
+            "student",
+            "teacher",
+            "steps",
+            "baseline",
+            *table.columns,
+            *(f"{c}_delta" for c in table.columns),
+            "best_in",
+        ]
+    )
     for row in table.rows:
         values = [table.value(row, c) for c in table.columns]
         deltas = [table.delta(row, c) for c in table.columns]
-        writer.writerow([row.run_id, row.domain, row.method, row.student, row.teacher, row.steps,
-                         row.run_id == table.baseline,
-                         *("" if v is None else repr(v) for v in values),
-                         *("" if d is None else repr(d) for d in deltas),
-                         ";".join(c for c in table.columns if row.run_id in best.get(c, []))])
+        writer.writerow(
+            [
+                row.run_id,
+                row.domain,
+                row.method,
+                row.student,
+                row.teacher,
+                row.steps,
+                row.run_id == table.baseline,
+                *("" if v is None else repr(v) for v in values),
+                *("" if d is None else repr(d) for d in deltas),
+                ";".join(c for c in table.columns if row.run_id in best.get(c, [])),
+            ]
+        )
     return buf.getvalue()
 
 
 def to_json(table: Table, plot: Path | None = None) -> str:
-    return json.dumps({
-        "baseline": table.baseline,
-        "columns": table.columns,
-        "best": table.best(),
-        "rows": [
-            {"run_id": r.run_id, "domain": r.domain, "method": r.method, "student": r.student, "teacher": r.teacher,
-             "steps": r.steps, "metrics": {c: table.value(r, c) for c in table.columns},
-             "deltas": {c: table.delta(r, c) for c in table.columns}}
-            for r in table.rows
-        ],
-        "plot": str(plot) if plot else None,
-    }, indent=2)
+    return json.dumps(
+        {
+            "baseline": table.baseline,
+            "columns": table.columns,
+            "best": table.best(),
+            "rows": [
+                {
+                    "run_id": r.run_id,
+                    "domain": r.domain,
+                    "method": r.method,
+                    "student": r.student,
+                    "teacher": r.teacher,
+                    "steps": r.steps,
+                    "metrics": {c: table.value(r, c) for c in table.columns},
+                    "deltas": {c: table.delta(r, c) for c in table.columns},
+                }
+                for r in table.rows
+            ],
+            "plot": str(plot) if plot else None,
+        },
+        indent=2,
+    )
 
 
 def print_table(table: Table, console: Any) -> None:
@@ -198,7 +238,9 @@ def print_table(table: Table, console: Any) -> None:
     from rich.table import Table as RichTable
 
     best = table.best()
-    out = RichTable(title="compare", caption=f"best per column in bold green; deltas against {table.baseline}")
+    out = RichTable(
+        title="compare", caption=f"best per column in bold green; deltas against {table.baseline}"
+    )
     for col in (*FIXED, *(header(c) for c in table.columns)):
         out.add_column(col, justify="right" if col not in FIXED[:5] else "left")
     for row in table.rows:

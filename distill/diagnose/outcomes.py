@@ -67,29 +67,41 @@ def eval_divergence(rec: RunRecord) -> list[Finding]:
         ]
         p1s = rec.get(f"eval/{bench}/pass@1")
         if p1s is not None and len(p1s) >= 2 and avg.key != p1s.key:
-            evidence.append(Evidence(p1s.key, f"{fmt(p1s.first())} -> {fmt(p1s.last())}", f"steps {first} -> {last}"))
+            evidence.append(
+                Evidence(p1s.key, f"{fmt(p1s.first())} -> {fmt(p1s.last())}", f"steps {first} -> {last}")
+            )
         fell, rose = _item_changes(rec, first, last)
         if fell or rose:
-            evidence.append(Evidence(f"eval/step-{first}.jsonl vs step-{last}.jsonl",
-                                     f"{len(fell)} problems fell, {len(rose)} rose"))
+            evidence.append(
+                Evidence(
+                    f"eval/step-{first}.jsonl vs step-{last}.jsonl",
+                    f"{len(fell)} problems fell, {len(rose)} rose",
+                )
+            )
             evidence += [Evidence("fell", line) for line in fell[:SHOWN_ITEMS]]
             evidence += [Evidence("rose", line) for line in rose[:SHOWN_ITEMS]]
         fixes: list[Fix] = []
         tb = teacher_budget(rec)
         if tb.saturated:
-            fixes.append(Fix(tb.key, str(tb.target()), "the teacher targets are truncated (see teacher_truncation)"))
-        fixes.append(Fix("eval.k", str(2 * k), "confirm with more samples per problem that the drop is not noise"))
-        out.append(Finding(
-            name=f"eval_divergence:{bench}",
-            severity=Severity.WARNING,
-            title=f"{bench}: avg@{k} fell ({fmt(a0)} -> {fmt(a1)}) while pass@{k} rose ({fmt(p0)} -> {fmt(p1)})",
-            evidence=evidence,
-            why="More problems are hit by luck while the average sample got worse: output variance went up, "
-            "ability did not. Not a win (reference DAPO-Math ROSE: pass@16 +1 problem per benchmark, one of "
-            "them 0/16 -> 1/16, while avg@16 and pass@1 fell and truncation rose).",
-            fixes=fixes,
-            advice="check the supervision findings: a student trained on truncated targets rambles more",
-        ))
+            fixes.append(
+                Fix(tb.key, str(tb.target()), "the teacher targets are truncated (see teacher_truncation)")
+            )
+        fixes.append(
+            Fix("eval.k", str(2 * k), "confirm with more samples per problem that the drop is not noise")
+        )
+        out.append(
+            Finding(
+                name=f"eval_divergence:{bench}",
+                severity=Severity.WARNING,
+                title=f"{bench}: avg@{k} fell ({fmt(a0)} -> {fmt(a1)}) while pass@{k} rose ({fmt(p0)} -> {fmt(p1)})",
+                evidence=evidence,
+                why="More problems are hit by luck while the average sample got worse: output variance went up, "
+                "ability did not. Not a win (reference DAPO-Math ROSE: pass@16 +1 problem per benchmark, one of "
+                "them 0/16 -> 1/16, while avg@16 and pass@1 fell and truncation rose).",
+                fixes=fixes,
+                advice="check the supervision findings: a student trained on truncated targets rambles more",
+            )
+        )
     return out
 
 
@@ -133,23 +145,32 @@ def early_reward(rec: RunRecord) -> list[Finding]:
         cause, severity = "the student runs out of tokens before it can answer", Severity.WARNING
         budget = rec.cfg("rollout.max_new_tokens")
         if isinstance(budget, int | float):
-            fixes.append(Fix("rollout.max_new_tokens", str(nice_tokens(2 * budget)), "room to reach an answer"))
+            fixes.append(
+                Fix("rollout.max_new_tokens", str(nice_tokens(2 * budget)), "room to reach an answer")
+            )
     elif n and boxed < 0.5:
-        cause, severity = "the student does not write answers in the required \\boxed{} format", Severity.WARNING
+        cause, severity = (
+            "the student does not write answers in the required \\boxed{} format",
+            Severity.WARNING,
+        )
         advice = "warm-start with teacher-SFT (--method sft) so the student learns the answer format"
     else:
         cause, severity = "the student is simply weak at this difficulty", Severity.INFO
-        advice = "lower the difficulty (domain.parameters) or start from a stronger student (student.name=...)"
-    return [Finding(
-        name="early_reward_zero",
-        severity=severity,
-        title=f"reward near zero in the first steps: {cause}",
-        evidence=evidence,
-        why="With no correct rollouts the run's reward and accuracy curves carry no information early on; "
-        "distillation can still move the student, but the cause decides whether it can ever score.",
-        fixes=fixes,
-        advice=advice,
-    )]
+        advice = (
+            "lower the difficulty (domain.parameters) or start from a stronger student (student.name=...)"
+        )
+    return [
+        Finding(
+            name="early_reward_zero",
+            severity=severity,
+            title=f"reward near zero in the first steps: {cause}",
+            evidence=evidence,
+            why="With no correct rollouts the run's reward and accuracy curves carry no information early on; "
+            "distillation can still move the student, but the cause decides whether it can ever score.",
+            fixes=fixes,
+            advice=advice,
+        )
+    ]
 
 
 def _failed_checks(node: Any, path: str = "") -> list[str]:
@@ -157,7 +178,11 @@ def _failed_checks(node: Any, path: str = "") -> list[str]:
     if not isinstance(node, dict):
         return []
     out = []
-    if node.get("ok") is False or node.get("passed") is False or str(node.get("status", "")).lower() in ("fail", "failed", "error"):
+    if (
+        node.get("ok") is False
+        or node.get("passed") is False
+        or str(node.get("status", "")).lower() in ("fail", "failed", "error")
+    ):
         out.append(path or "preflight")
     for key, child in node.items():
         out += _failed_checks(child, f"{path}.{key}" if path else str(key))
@@ -171,42 +196,67 @@ def pairing(rec: RunRecord) -> list[Finding]:
         explicit = s_think is not None and t_think is not None
         value = s_think if s_think is not None else t_think
         side = "teacher" if s_think is not None else "student"
-        out.append(Finding(
-            name="thinking_mismatch",
-            severity=Severity.ERROR if explicit else Severity.WARNING,
-            title=f"thinking mode differs: student {s_think}, teacher {t_think}"
-            + ("" if explicit else " (None: the model family's default)"),
-            evidence=[Evidence("student.enable_thinking", str(s_think)), Evidence("teacher.enable_thinking", str(t_think))],
-            why="Student and teacher render the chat template differently (one opens a <think> block, the other "
-            "does not): the teacher scores or continues text in a format it was not prompted for, so the "
-            "signal measures the format gap, not the reasoning.",
-            fixes=[Fix(f"{side}.enable_thinking", str(value).lower(), "the same mode on both sides")],
-        ))
+        out.append(
+            Finding(
+                name="thinking_mismatch",
+                severity=Severity.ERROR if explicit else Severity.WARNING,
+                title=f"thinking mode differs: student {s_think}, teacher {t_think}"
+                + ("" if explicit else " (None: the model family's default)"),
+                evidence=[
+                    Evidence("student.enable_thinking", str(s_think)),
+                    Evidence("teacher.enable_thinking", str(t_think)),
+                ],
+                why="Student and teacher render the chat template differently (one opens a <think> block, the other "
+                "does not): the teacher scores or continues text in a format it was not prompted for, so the "
+                "signal measures the format gap, not the reasoning.",
+                fixes=[Fix(f"{side}.enable_thinking", str(value).lower(), "the same mode on both sides")],
+            )
+        )
     models = rec.manifest.get("models", {})
     st, te = models.get("student", {}), models.get("teacher", {})
     if st.get("vocab") and te.get("vocab") and st["vocab"] != te["vocab"]:
         same_ids = rec.method in ("opd", "opsd")
-        out.append(Finding(
-            name="cross_family",
-            severity=Severity.ERROR if same_ids else Severity.INFO,
-            title=f"student and teacher tokenizers differ: vocab {st['vocab']} vs {te['vocab']} ({st.get('class')} / {te.get('class')})",
-            evidence=[Evidence("manifest models.student", f"{st.get('class')}, vocab {st['vocab']}"),
-                      Evidence("manifest models.teacher", f"{te.get('class')}, vocab {te['vocab']}")],
-            why="Token-level methods need one vocabulary: the teacher scores the student's token ids."
-            if same_ids else "Cross-family: prefixes go through the tokenizer bridge; check its seam round-trip.",
-            fixes=[Fix("method.name", "rose", "cross-family pairs go through the tokenizer bridge")] if same_ids else [],
-            advice="" if same_ids else "run `distill bridge check --student S --teacher T` if no preflight.json",
-        ))
+        out.append(
+            Finding(
+                name="cross_family",
+                severity=Severity.ERROR if same_ids else Severity.INFO,
+                title=f"student and teacher tokenizers differ: vocab {st['vocab']} vs {te['vocab']} ({st.get('class')} / {te.get('class')})",
+                evidence=[
+                    Evidence("manifest models.student", f"{st.get('class')}, vocab {st['vocab']}"),
+                    Evidence("manifest models.teacher", f"{te.get('class')}, vocab {te['vocab']}"),
+                ],
+                why="Token-level methods need one vocabulary: the teacher scores the student's token ids."
+                if same_ids
+                else "Cross-family: prefixes go through the tokenizer bridge; check its seam round-trip.",
+                fixes=[Fix("method.name", "rose", "cross-family pairs go through the tokenizer bridge")]
+                if same_ids
+                else [],
+                advice=""
+                if same_ids
+                else "run `distill bridge check --student S --teacher T` if no preflight.json",
+            )
+        )
     elif st.get("class") and te.get("class") and st["class"] != te["class"]:
-        out.append(Finding("model_class_differs", Severity.INFO,
-                           f"student {st['class']} and teacher {te['class']} share a vocabulary but not an architecture",
-                           [Evidence("manifest models", f"{st['class']} / {te['class']}")],
-                           "Usually fine; chat templates may still differ between the two."))
+        out.append(
+            Finding(
+                "model_class_differs",
+                Severity.INFO,
+                f"student {st['class']} and teacher {te['class']} share a vocabulary but not an architecture",
+                [Evidence("manifest models", f"{st['class']} / {te['class']}")],
+                "Usually fine; chat templates may still differ between the two.",
+            )
+        )
     for check in _failed_checks(rec.preflight or {}):
-        out.append(Finding("preflight_failed", Severity.WARNING, f"preflight check failed: {check}",
-                           [Evidence("preflight.json", check)],
-                           "The pair was run despite a failing preflight check; its signal may be wrong.",
-                           advice="read preflight.json for the failing seam or template"))
+        out.append(
+            Finding(
+                "preflight_failed",
+                Severity.WARNING,
+                f"preflight check failed: {check}",
+                [Evidence("preflight.json", check)],
+                "The pair was run despite a failing preflight check; its signal may be wrong.",
+                advice="read preflight.json for the failing seam or template",
+            )
+        )
     return out
 
 
@@ -218,7 +268,9 @@ def _lower_lr(rec: RunRecord) -> list[Fix]:
     lr = rec.cfg("optim.lr")
     if not isinstance(lr, int | float) or lr <= 0:
         return []
-    return [Fix("optim.lr", f"{lr / 3:.2g}", "smaller steps: the updates move the student away from its teacher")]
+    return [
+        Fix("optim.lr", f"{lr / 3:.2g}", "smaller steps: the updates move the student away from its teacher")
+    ]
 
 
 def eval_regression(rec: RunRecord) -> list[Finding]:
@@ -235,18 +287,27 @@ def eval_regression(rec: RunRecord) -> list[Finding]:
         worst_step = int(acc.steps[list(acc.values).index(worst)])
         fixes = _lower_lr(rec)
         if rec.method in ("opd", "opsd") and rec.cfg("method.advantage_clip") is None:
-            fixes.append(Fix("method.advantage_clip", "5", "bound the rare very negative per-token advantages"))
-        out.append(Finding(
-            name=f"eval_regression:{bench}",
-            severity=severity,
-            title=f"{bench}: eval accuracy fell from {pct(a0)} to {pct(worst)} (step {worst_step}); ends at {pct(last)}",
-            evidence=[Evidence(acc.key, f"{fmt(a0)} -> {fmt(worst)} -> {fmt(last)}",
-                               f"steps {int(acc.steps[0])} -> {worst_step} -> {int(acc.steps[-1])}")],
-            why="Training made the student worse than where it started: the update direction is harmful "
-            "(too large a learning rate for the gradient's noise, or a signal the student cannot use).",
-            fixes=fixes,
-            advice="compare with a teacher-SFT run of the same budget (distill compare) before tuning further",
-        ))
+            fixes.append(
+                Fix("method.advantage_clip", "5", "bound the rare very negative per-token advantages")
+            )
+        out.append(
+            Finding(
+                name=f"eval_regression:{bench}",
+                severity=severity,
+                title=f"{bench}: eval accuracy fell from {pct(a0)} to {pct(worst)} (step {worst_step}); ends at {pct(last)}",
+                evidence=[
+                    Evidence(
+                        acc.key,
+                        f"{fmt(a0)} -> {fmt(worst)} -> {fmt(last)}",
+                        f"steps {int(acc.steps[0])} -> {worst_step} -> {int(acc.steps[-1])}",
+                    )
+                ],
+                why="Training made the student worse than where it started: the update direction is harmful "
+                "(too large a learning rate for the gradient's noise, or a signal the student cannot use).",
+                fixes=fixes,
+                advice="compare with a teacher-SFT run of the same budget (distill compare) before tuning further",
+            )
+        )
     return out
 
 
@@ -259,14 +320,18 @@ def kl_rising(rec: RunRecord) -> list[Finding]:
     k0, k1 = head.mean(), tail.mean()
     if not (k0 > 0 and k1 >= KL_RISE * k0):
         return []
-    return [Finding(
-        name="kl_rising",
-        severity=Severity.WARNING,
-        title=f"reverse KL to the teacher rose from {fmt(k0)} to {fmt(k1)} (first vs last 20% of steps)",
-        evidence=[Evidence(kl.key, f"{fmt(k0)} -> {fmt(k1)}", f"{head.span()} vs {tail.span()}", "window means")],
-        why="The objective is the student's reverse KL to the teacher; if it rises, the steps overshoot.",
-        fixes=_lower_lr(rec),
-    )]
+    return [
+        Finding(
+            name="kl_rising",
+            severity=Severity.WARNING,
+            title=f"reverse KL to the teacher rose from {fmt(k0)} to {fmt(k1)} (first vs last 20% of steps)",
+            evidence=[
+                Evidence(kl.key, f"{fmt(k0)} -> {fmt(k1)}", f"{head.span()} vs {tail.span()}", "window means")
+            ],
+            why="The objective is the student's reverse KL to the teacher; if it rises, the steps overshoot.",
+            fixes=_lower_lr(rec),
+        )
+    ]
 
 
 GAP_CLOSED_WARN = 0.25
@@ -292,17 +357,19 @@ def teacher_gap(rec: RunRecord) -> list[Finding]:
     steps = rec.cfg("optim.max_steps")
     if isinstance(steps, int):
         fixes.append(Fix("optim.max_steps", str(steps * 2), "more updates, if the loss is still falling"))
-    return [Finding(
-        name="teacher_gap",
-        severity=Severity.WARNING,
-        title=f"the student closed {pct(closed)} of the gap to its teacher ({pct(b)} -> {pct(a)}; teacher {pct(t)})",
-        evidence=[
-            Evidence("summary.json student_before.accuracy", b),
-            Evidence("summary.json student_after.accuracy", a),
-            Evidence("summary.json teacher_score.accuracy", t),
-        ],
-        why="The method moved the student little although the teacher is far ahead on the same items: the "
-        "signal reaches the student too weakly (learning rate, steps) or is one it cannot use.",
-        fixes=fixes,
-        advice="put it beside a teacher-SFT run with `distill compare` before tuning",
-    )]
+    return [
+        Finding(
+            name="teacher_gap",
+            severity=Severity.WARNING,
+            title=f"the student closed {pct(closed)} of the gap to its teacher ({pct(b)} -> {pct(a)}; teacher {pct(t)})",
+            evidence=[
+                Evidence("summary.json student_before.accuracy", b),
+                Evidence("summary.json student_after.accuracy", a),
+                Evidence("summary.json teacher_score.accuracy", t),
+            ],
+            why="The method moved the student little although the teacher is far ahead on the same items: the "
+            "signal reaches the student too weakly (learning rate, steps) or is one it cannot use.",
+            fixes=fixes,
+            advice="put it beside a teacher-SFT run with `distill compare` before tuning",
+        )
+    ]

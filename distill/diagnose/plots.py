@@ -35,18 +35,40 @@ class PlotSpec:
 
 
 SPECS = (
-    PlotSpec("loss", "training loss", "loss", ("train/loss", "train/ce_loss"),
-             ("train/grad_norm",), "grad norm"),
-    PlotSpec("kl", "teacher-student KL", "nats / token", ("kl/reverse_kl_mean", "kl/reverse_kl_std"),
-             ("kl/advantage_mean",), "advantage mean"),
-    PlotSpec("truncation", "truncation rate (ended at the budget without EOS)", "share of sequences",
-             ("student/truncation_rate", "teacher/truncation_rate", "eval/*/truncation_rate"), unit_range=True,
-             lines=((0.5, "error: most samples cut"), (0.2, "warning"))),
-    PlotSpec("budget", "teacher budget use and supervision coverage", "share",
-             ("teacher/ce_target_share", "coverage/supervised_share"), unit_range=True,
-             lines=((0.9, "error: teacher fills its budget"), (0.25, "coverage warning"))),
-    PlotSpec("eval", "student eval", "score",
-             ("eval/*/avg@*", "eval/*/pass@*", "eval/*/score", "eval/*/success", "eval/*/pass_gt0"), unit_range=True),
+    PlotSpec(
+        "loss", "training loss", "loss", ("train/loss", "train/ce_loss"), ("train/grad_norm",), "grad norm"
+    ),
+    PlotSpec(
+        "kl",
+        "teacher-student KL",
+        "nats / token",
+        ("kl/reverse_kl_mean", "kl/reverse_kl_std"),
+        ("kl/advantage_mean",),
+        "advantage mean",
+    ),
+    PlotSpec(
+        "truncation",
+        "truncation rate (ended at the budget without EOS)",
+        "share of sequences",
+        ("student/truncation_rate", "teacher/truncation_rate", "eval/*/truncation_rate"),
+        unit_range=True,
+        lines=((0.5, "error: most samples cut"), (0.2, "warning")),
+    ),
+    PlotSpec(
+        "budget",
+        "teacher budget use and supervision coverage",
+        "share",
+        ("teacher/ce_target_share", "coverage/supervised_share"),
+        unit_range=True,
+        lines=((0.9, "error: teacher fills its budget"), (0.25, "coverage warning")),
+    ),
+    PlotSpec(
+        "eval",
+        "student eval",
+        "score",
+        ("eval/*/avg@*", "eval/*/pass@*", "eval/*/score", "eval/*/success", "eval/*/pass_gt0"),
+        unit_range=True,
+    ),
 )
 
 
@@ -141,8 +163,15 @@ def plot_run(rec: RunRecord, out_dir: Path) -> list[Path]:
             ax.set_ylim(-0.03, 1.03)
         for y, label in spec.lines:
             ax.axhline(y, color="tab:red", linestyle=":", linewidth=1, alpha=0.6)
-            ax.annotate(label, (0.01, y), xycoords=("axes fraction", "data"), fontsize=7, color="tab:red",
-                        va="bottom", alpha=0.8)
+            ax.annotate(
+                label,
+                (0.01, y),
+                xycoords=("axes fraction", "data"),
+                fontsize=7,
+                color="tab:red",
+                va="bottom",
+                alpha=0.8,
+            )
         steps = {int(x) for key in keys + right for x in (rec.series[key].steps[[0, -1]])}
         if len(steps) == 1:  # one logged step (teacher-SFT logs its budget once): centre it
             only = steps.pop()

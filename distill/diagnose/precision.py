@@ -162,7 +162,12 @@ def compare_weights(a_dir: Path, b_dir: Path, steps: int, a_label: str, b_label:
     if not elements:
         return None
     return WeightMove(
-        start=a_label, end=b_label, steps=steps, dtype=dtype, elements=elements, changed=changed,
+        start=a_label,
+        end=b_label,
+        steps=steps,
+        dtype=dtype,
+        elements=elements,
+        changed=changed,
         rel_update=math.sqrt(delta_sq / base_sq) if base_sq > 0 else math.nan,
         weight_scale=scale_sum / scale_n if scale_n else ASSUMED_WEIGHT,
     )
@@ -179,8 +184,9 @@ def measure_update(rec: RunRecord) -> WeightMove | None:
         return compare_weights(start, last, last_step, "start weights", f"checkpoints/{last.name}")
     if len(ckpts) >= 2:
         first_step, first = ckpts[0]
-        return compare_weights(first, last, last_step - first_step, f"checkpoints/{first.name}",
-                               f"checkpoints/{last.name}")
+        return compare_weights(
+            first, last, last_step - first_step, f"checkpoints/{first.name}", f"checkpoints/{last.name}"
+        )
     return None
 
 
@@ -215,8 +221,13 @@ def precision(rec: RunRecord) -> list[Finding]:
         title = f"per-step updates ({fmt(ratio)} of a weight) are below {dtype} resolution ({fmt(half)})"
     elif move is not None:
         frac = move.changed_fraction
-        evidence.append(Evidence(f"{move.end} vs {move.start}", f"{move.changed}/{move.elements} sampled weights changed",
-                                 note=f"{pct(frac)} after {move.steps} steps, compared in {move.dtype}"))
+        evidence.append(
+            Evidence(
+                f"{move.end} vs {move.start}",
+                f"{move.changed}/{move.elements} sampled weights changed",
+                note=f"{pct(frac)} after {move.steps} steps, compared in {move.dtype}",
+            )
+        )
         evidence.append(Evidence("|dw|/|w|", move.rel_update, note=f"~{fmt(move.per_step)} per step"))
         if frac >= PARTLY_STUCK_FRACTION or (not low and frac >= STUCK_FRACTION):
             return []
@@ -234,26 +245,49 @@ def precision(rec: RunRecord) -> list[Finding]:
         title = ""
     # The estimates, always shown: they explain the measurement (or stand in for it).
     adam_rel = lr / scale
-    evidence.append(Evidence("estimate lr/|w|", adam_rel,
-                             note=f"Adam moves a weight ~lr per step; |w| ~ {fmt(scale)}"
-                             + ("" if move else " (assumed)")))
+    evidence.append(
+        Evidence(
+            "estimate lr/|w|",
+            adam_rel,
+            note=f"Adam moves a weight ~lr per step; |w| ~ {fmt(scale)}" + ("" if move else " (assumed)"),
+        )
+    )
     signal = rec.get("kl/advantage_mean") or rec.get("train/grad_norm")
     if signal is not None:
         est = lr * abs(signal.median())
-        evidence.append(Evidence(f"estimate lr x |{signal.key}|", est, signal.span(),
-                                 "the reference's estimate: 1e-6 x 1e-2 = 1e-8 in bf16"))
+        evidence.append(
+            Evidence(
+                f"estimate lr x |{signal.key}|",
+                est,
+                signal.span(),
+                "the reference's estimate: 1e-6 x 1e-2 = 1e-8 in bf16",
+            )
+        )
     if measured is None and move is None:
         if not low or adam_rel >= 10 * half:
             return []
         if adam_rel < half:
-            severity, title = Severity.ERROR, f"updates round to zero in {dtype}: ~{fmt(adam_rel)} per step vs resolution {fmt(half)}"
+            severity, title = (
+                Severity.ERROR,
+                f"updates round to zero in {dtype}: ~{fmt(adam_rel)} per step vs resolution {fmt(half)}",
+            )
         else:
-            severity, title = Severity.WARNING, f"updates near {dtype} resolution: ~{fmt(adam_rel)} per step vs {fmt(half)}"
+            severity, title = (
+                Severity.WARNING,
+                f"updates near {dtype} resolution: ~{fmt(adam_rel)} per step vs {fmt(half)}",
+            )
     fixes = []
     if low:
-        fixes.append(Fix("student.precision", "fp32", "fp32 weights resolve updates down to 3e-8 of a weight"))
-        fixes.append(Fix("optim.lr", fmt(half * scale),
-                         f"the smallest lr at which a typical weight moves at all in {dtype}; usually too large: prefer fp32"))
+        fixes.append(
+            Fix("student.precision", "fp32", "fp32 weights resolve updates down to 3e-8 of a weight")
+        )
+        fixes.append(
+            Fix(
+                "optim.lr",
+                fmt(half * scale),
+                f"the smallest lr at which a typical weight moves at all in {dtype}; usually too large: prefer fp32",
+            )
+        )
     else:
         fixes.append(Fix("optim.lr", fmt(10 * lr), "the weights are not moving: the step size is too small"))
     return [

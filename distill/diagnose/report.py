@@ -14,7 +14,11 @@ from typing import Any
 from distill.diagnose.findings import Finding, Severity, exit_code
 from distill.diagnose.records import RunRecord
 
-STYLE = {Severity.ERROR: "bold white on red", Severity.WARNING: "bold black on yellow", Severity.INFO: "bold white on blue"}
+STYLE = {
+    Severity.ERROR: "bold white on red",
+    Severity.WARNING: "bold black on yellow",
+    Severity.INFO: "bold white on blue",
+}
 
 
 @dataclass
@@ -63,7 +67,9 @@ class Report:
 
 
 def _count_line(report: Report) -> str:
-    parts = [f"{n} {label}{'s' if n != 1 and label != 'info' else ''}" for label, n in report.counts().items() if n]
+    parts = [
+        f"{n} {label}{'s' if n != 1 and label != 'info' else ''}" for label, n in report.counts().items() if n
+    ]
     return ", ".join(parts) or "no findings"
 
 
@@ -92,8 +98,11 @@ def to_markdown(report: Report) -> str:
 
 
 def to_json(reports: list[Report]) -> str:
-    return json.dumps({"exit_code": max((r.exit_code for r in reports), default=0),
-                       "runs": [r.to_dict() for r in reports]}, indent=2, default=str)
+    return json.dumps(
+        {"exit_code": max((r.exit_code for r in reports), default=0), "runs": [r.to_dict() for r in reports]},
+        indent=2,
+        default=str,
+    )
 
 
 def _emit(console: Any, renderable: Any) -> None:
@@ -112,14 +121,20 @@ def print_report(report: Report, console: Any) -> None:
 
     h = report.header()
     console.print()
-    console.print(f"[bold]diagnose {escape(h['run_id'])}[/bold]  {h['domain']} · {h['method']} · "
-                  f"{h['steps']} steps · {h['status']}")
-    console.print(f"  student {escape(str(h['student']))}  <-  teacher {escape(str(h['teacher']))}", style="dim")
+    console.print(
+        f"[bold]diagnose {escape(h['run_id'])}[/bold]  {h['domain']} · {h['method']} · "
+        f"{h['steps']} steps · {h['status']}"
+    )
+    console.print(
+        f"  student {escape(str(h['student']))}  <-  teacher {escape(str(h['teacher']))}", style="dim"
+    )
     console.print(f"  {_count_line(report)}")
     for f in report.findings:
         console.print()
-        console.print(f"[{STYLE[f.severity]}] {f.severity.label.upper()} [/] [bold]{escape(f.title)}[/bold]"
-                      f"  [dim]({escape(f.name)})[/dim]")
+        console.print(
+            f"[{STYLE[f.severity]}] {f.severity.label.upper()} [/] [bold]{escape(f.title)}[/bold]"
+            f"  [dim]({escape(f.name)})[/dim]"
+        )
         # A two-column grid gives wrapped lines a hanging indent under their label.
         grid = Table.grid(padding=(0, 1))
         grid.add_column(width=9, style="dim")
@@ -135,7 +150,9 @@ def print_report(report: Report, console: Any) -> None:
         _emit(console, grid)
     if report.plots:
         console.print()
-        console.print(f"  plots   {escape(str(report.plots[0].parent))}/ ({', '.join(p.name for p in report.plots)})")
+        console.print(
+            f"  plots   {escape(str(report.plots[0].parent))}/ ({', '.join(p.name for p in report.plots)})"
+        )
     if report.write_error:
         console.print(f"  [yellow]not written[/yellow] {escape(report.write_error)}")
 

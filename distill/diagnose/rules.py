@@ -74,12 +74,27 @@ def teacher_truncation(rec: RunRecord) -> list[Finding]:
         return []
     evidence = []
     if tb.truncation:
-        evidence.append(Evidence("teacher/truncation_rate", trunc, tb.truncation.span(), "mean; ended at the budget without EOS"))
+        evidence.append(
+            Evidence(
+                "teacher/truncation_rate",
+                trunc,
+                tb.truncation.span(),
+                "mean; ended at the budget without EOS",
+            )
+        )
     if tb.share:
-        evidence.append(Evidence("teacher/ce_target_share", share, tb.share.span(),
-                                 f"mean of the budget used; max {pct(tb.share.max())}"))
+        evidence.append(
+            Evidence(
+                "teacher/ce_target_share",
+                share,
+                tb.share.span(),
+                f"mean of the budget used; max {pct(tb.share.max())}",
+            )
+        )
     if tb.tokens_max:
-        evidence.append(Evidence("teacher/ce_target_tokens_max", tb.tokens_max.max(), tb.tokens_max.span(), "max"))
+        evidence.append(
+            Evidence("teacher/ce_target_tokens_max", tb.tokens_max.max(), tb.tokens_max.span(), "max")
+        )
     if tb.budget is not None:
         evidence.append(Evidence(tb.key, tb.budget, note="the teacher's token budget"))
     target = tb.target()
@@ -109,23 +124,40 @@ def coverage(rec: RunRecord) -> list[Finding]:
     chain_s = rec.get("student/completion_tokens_mean")
     chain = chain_s.mean() if chain_s else math.nan
     tb = teacher_budget(rec)
-    evidence = [Evidence("coverage/supervised_share", share, share_s.span(), "mean: supervised tokens / student chain")]
+    evidence = [
+        Evidence(
+            "coverage/supervised_share", share, share_s.span(), "mean: supervised tokens / student chain"
+        )
+    ]
     if chain_s:
-        evidence.append(Evidence("student/completion_tokens_mean", chain, chain_s.span(), "the student's real chain"))
+        evidence.append(
+            Evidence("student/completion_tokens_mean", chain, chain_s.span(), "the student's real chain")
+        )
     if k is not None:
         evidence.append(Evidence("method.prefix_tokens (K)", k))
     if t is not None:
         evidence.append(Evidence("method.teacher_max_tokens (t)", t))
     fixes: list[Fix] = []
     if tb.saturated:
-        fixes.append(Fix("method.teacher_max_tokens", str(tb.target()), "the teacher is truncated: raise t first"))
+        fixes.append(
+            Fix("method.teacher_max_tokens", str(tb.target()), "the teacher is truncated: raise t first")
+        )
     if math.isfinite(chain):
         k_now = int(k) if isinstance(k, int | float) else 0
         k_target = max(nice_tokens(2 * k_now) if k_now else 0, nearest_pow2(chain / 4))
         if k_target < chain and k_target > k_now:
-            fixes.append(Fix("method.prefix_tokens", str(k_target),
-                             f"move the cut point toward the student's {fmt(chain)}-token chain (1/4-1/2 of it)"))
-    where = f"tokens {fmt(k)}-{fmt(k + t)}" if isinstance(k, int | float) and isinstance(t, int | float) else "a window"
+            fixes.append(
+                Fix(
+                    "method.prefix_tokens",
+                    str(k_target),
+                    f"move the cut point toward the student's {fmt(chain)}-token chain (1/4-1/2 of it)",
+                )
+            )
+    where = (
+        f"tokens {fmt(k)}-{fmt(k + t)}"
+        if isinstance(k, int | float) and isinstance(t, int | float)
+        else "a window"
+    )
     return [
         Finding(
             name="supervision_coverage",
@@ -140,8 +172,9 @@ def coverage(rec: RunRecord) -> list[Finding]:
     ]
 
 
-def _truncation_finding(name: str, where: str, s: Series, budget_key: str, budget: int | None,
-                        longest: float, related: str) -> Finding | None:
+def _truncation_finding(
+    name: str, where: str, s: Series, budget_key: str, budget: int | None, longest: float, related: str
+) -> Finding | None:
     head, tail = s.window(last=False, min_points=1), s.window(last=True, min_points=1)
     start, end = head.mean(), tail.mean()
     slope = s.slope()
@@ -157,14 +190,18 @@ def _truncation_finding(name: str, where: str, s: Series, budget_key: str, budge
     if budget is not None:
         evidence.append(Evidence(budget_key, budget, note="the token budget"))
     target = nice_tokens(2 * max(longest if math.isfinite(longest) else 0.0, float(budget or 0), 1.0))
-    why = (f"{where[0].upper()}{where[1:]} end at the token budget without EOS: the score measures the budget, not the ability, "
-           "and truncated samples carry no answer.")
+    why = (
+        f"{where[0].upper()}{where[1:]} end at the token budget without EOS: the score measures the budget, not the ability, "
+        "and truncated samples carry no answer."
+    )
     if rise >= STUDENT_RISE_WARN:
         why += " The rate rises during training: the student is learning to write longer."
     return Finding(
-        name=name, severity=severity,
+        name=name,
+        severity=severity,
         title=f"truncation {'rising' if rise >= STUDENT_RISE_WARN else 'high'} in {where}: {pct(start)} -> {pct(end)}",
-        evidence=evidence, why=why + related,
+        evidence=evidence,
+        why=why + related,
         fixes=[Fix(budget_key, str(target), "2x the longest response seen")],
     )
 
@@ -173,20 +210,36 @@ def student_truncation(rec: RunRecord) -> list[Finding]:
     out: list[Finding] = []
     related = ""
     if teacher_budget(rec).saturated:
-        related = " The teacher is truncated too: a student imitating a teacher that never ends learns not to end."
+        related = (
+            " The teacher is truncated too: a student imitating a teacher that never ends learns not to end."
+        )
     s = rec.get("student/truncation_rate")
     if s is not None:
         longest = rec.get("student/completion_tokens_max")
-        f = _truncation_finding("student_truncation", "student rollouts", s, "rollout.max_new_tokens",
-                                rec.cfg("rollout.max_new_tokens"), longest.max() if longest else math.nan, related)
+        f = _truncation_finding(
+            "student_truncation",
+            "student rollouts",
+            s,
+            "rollout.max_new_tokens",
+            rec.cfg("rollout.max_new_tokens"),
+            longest.max() if longest else math.nan,
+            related,
+        )
         out += [f] if f else []
     for bench in rec.benches():
         s = rec.get(f"eval/{bench}/truncation_rate")
         if s is None:
             continue
         longest = rec.get(f"eval/{bench}/response_tokens_p90")
-        f = _truncation_finding(f"eval_truncation:{bench}", f"eval ({bench}) responses", s, "eval.max_new_tokens",
-                                rec.cfg("eval.max_new_tokens"), longest.max() if longest else math.nan, related)
+        f = _truncation_finding(
+            f"eval_truncation:{bench}",
+            f"eval ({bench}) responses",
+            s,
+            "eval.max_new_tokens",
+            rec.cfg("eval.max_new_tokens"),
+            longest.max() if longest else math.nan,
+            related,
+        )
         out += [f] if f else []
     return out
 
@@ -201,7 +254,7 @@ def flat_since(s: Series) -> int | None:
     """The earliest step from which the rest of the curve changes by less than 2% (None: not flat)."""
     n = len(s)
     for frac in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8):
-        tail = Series(s.key, s.steps[int(n * frac):], s.values[int(n * frac):])
+        tail = Series(s.key, s.steps[int(n * frac) :], s.values[int(n * frac) :])
         if len(tail) >= 3 and abs(_rel_change(tail)) < FLAT_REL_CHANGE:
             return int(tail.steps[0])
     return None
@@ -219,17 +272,27 @@ def plateau(rec: RunRecord) -> list[Finding]:
         if abs(rel) < FLAT_REL_CHANGE and abs(tail.mean()) > 1e-3:
             flat = True
             since = flat_since(loss)
-            evidence.append(Evidence(f"{loss.key} slope", f"{tail.slope():+.2e}/step", tail.span(),
-                                     f"relative change {rel:+.2%} over the window at level {fmt(tail.mean())}"))
+            evidence.append(
+                Evidence(
+                    f"{loss.key} slope",
+                    f"{tail.slope():+.2e}/step",
+                    tail.span(),
+                    f"relative change {rel:+.2%} over the window at level {fmt(tail.mean())}",
+                )
+            )
             if since is not None:
-                evidence.append(Evidence(f"{loss.key} flat since", f"step {since}", note="< 2% change from there on"))
+                evidence.append(
+                    Evidence(f"{loss.key} flat since", f"step {since}", note="< 2% change from there on")
+                )
     if grad is not None and len(grad) >= MIN_TREND_POINTS:
         head, tail = grad.window(0.2, last=False), grad.window(0.2, last=True)
         ratio = tail.median() / head.median() if head.median() > 0 else math.nan
         if ratio < GRAD_COLLAPSE_RATIO:
             collapsed = True
             evidence.append(Evidence("train/grad_norm", head.median(), head.span(), "median, start"))
-            evidence.append(Evidence("train/grad_norm", tail.median(), tail.span(), f"median, end: {pct(ratio)} of start"))
+            evidence.append(
+                Evidence("train/grad_norm", tail.median(), tail.span(), f"median, end: {pct(ratio)} of start")
+            )
     if not (flat or collapsed):
         return []
     what = " and ".join(w for w, on in (("loss plateau", flat), ("grad_norm collapse", collapsed)) if on)
@@ -267,26 +330,50 @@ def run_status(rec: RunRecord) -> list[Finding]:
     status = live_status(rec.summary)
     out: list[Finding] = []
     if status == "FAILED":
-        out.append(Finding(
-            "run_failed", Severity.ERROR, f"the run failed: {rec.summary.get('error', 'unknown error')}",
-            [Evidence("summary.json status", status), Evidence("last logged step", rec.train_steps())],
-            "Findings below cover only the steps logged before the failure.",
-            advice=f"read {rec.run_dir / 'error.log'}; continue with `distill run --resume {rec.name}`",
-        ))
+        out.append(
+            Finding(
+                "run_failed",
+                Severity.ERROR,
+                f"the run failed: {rec.summary.get('error', 'unknown error')}",
+                [Evidence("summary.json status", status), Evidence("last logged step", rec.train_steps())],
+                "Findings below cover only the steps logged before the failure.",
+                advice=f"read {rec.run_dir / 'error.log'}; continue with `distill run --resume {rec.name}`",
+            )
+        )
     elif status in ("KILLED", "RUNNING", "DIED"):
-        out.append(Finding(
-            "run_unfinished", Severity.INFO,
-            f"the run {_STATUS_PHRASE[status]}: findings cover steps <= {rec.train_steps()}",
-            [Evidence("summary.json status", status)],
-            "A killed or live run has no final eval; eval-based findings use the last eval logged.",
-            advice=f"continue with `distill run --resume {rec.name}`" if status != "RUNNING" else "",
-        ))
+        out.append(
+            Finding(
+                "run_unfinished",
+                Severity.INFO,
+                f"the run {_STATUS_PHRASE[status]}: findings cover steps <= {rec.train_steps()}",
+                [Evidence("summary.json status", status)],
+                "A killed or live run has no final eval; eval-based findings use the last eval logged.",
+                advice=f"continue with `distill run --resume {rec.name}`" if status != "RUNNING" else "",
+            )
+        )
     if not rec.series:
-        out.append(Finding("no_metrics", Severity.WARNING, "no metrics logged (metrics.jsonl missing or empty)",
-                           [Evidence("metrics.jsonl", "absent" if not (rec.run_dir / "metrics.jsonl").exists() else "empty")],
-                           "Nothing to diagnose from training dynamics.", advice="check error.log"))
+        out.append(
+            Finding(
+                "no_metrics",
+                Severity.WARNING,
+                "no metrics logged (metrics.jsonl missing or empty)",
+                [
+                    Evidence(
+                        "metrics.jsonl", "absent" if not (rec.run_dir / "metrics.jsonl").exists() else "empty"
+                    )
+                ],
+                "Nothing to diagnose from training dynamics.",
+                advice="check error.log",
+            )
+        )
     if rec.problems:
-        out.append(Finding("unreadable_records", Severity.INFO, f"{len(rec.problems)} record(s) could not be read",
-                           [Evidence(p.split(":")[0], p.split(":", 1)[-1].strip()) for p in rec.problems[:5]],
-                           "Skipped; the rest of the run was diagnosed."))
+        out.append(
+            Finding(
+                "unreadable_records",
+                Severity.INFO,
+                f"{len(rec.problems)} record(s) could not be read",
+                [Evidence(p.split(":")[0], p.split(":", 1)[-1].strip()) for p in rec.problems[:5]],
+                "Skipped; the rest of the run was diagnosed.",
+            )
+        )
     return out

@@ -25,10 +25,15 @@ class Completion:
 
 
 def render_chat(
-    tokenizer: PreTrainedTokenizerBase, prompt: str, system: str | None = None, enable_thinking: bool | None = None
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: str,
+    system: str | None = None,
+    enable_thinking: bool | None = None,
 ) -> str:
     """A one-turn chat prompt rendered with the tokenizer's template, ending with the assistant header."""
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": prompt}
+    ]
     kwargs: dict[str, Any] = {}
     if enable_thinking is not None:
         kwargs["enable_thinking"] = enable_thinking
@@ -178,6 +183,8 @@ class HFEngine:
                 # Position t predicts token t+1: the completion occupies the last n targets.
                 row = token_lp_B_T[i, width - 1 - n :].tolist() if n else []
                 if len(row) != n:
-                    raise ValueError(f"score: row {start + i} has {n} completion tokens but {len(row)} logprobs")
+                    raise ValueError(
+                        f"score: row {start + i} has {n} completion tokens but {len(row)} logprobs"
+                    )
                 results.append(row)
         return results

@@ -35,7 +35,9 @@ class DistillCallback(TrainerCallback):
         self._last_step_time = float("nan")
         self._bar: Any = None
 
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any):
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ):
         from distill.progress import StepBar
 
         self._bar = StepBar(f"training {self.ctx.config.method.name}", state.max_steps, state.global_step)

@@ -48,7 +48,9 @@ def opd_advantages(
     kl_tokens: list[float] = []
     for i, (t_row, s_row) in enumerate(zip(teacher_logprobs, student_logprobs, strict=True)):
         if len(t_row) != len(s_row):
-            raise ValueError(f"length mismatch in sample {i}: {len(s_row)} student vs {len(t_row)} teacher logprobs")
+            raise ValueError(
+                f"length mismatch in sample {i}: {len(s_row)} student vs {len(t_row)} teacher logprobs"
+            )
         if not t_row:
             continue
         gap = torch.tensor(t_row, dtype=torch.float32) - torch.tensor(s_row, dtype=torch.float32)

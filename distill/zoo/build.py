@@ -77,8 +77,11 @@ def ensure_built(
         tmp.mkdir(parents=True)
         start = time.time()
         if show_progress:
-            print(f"zoo: building {name} for {domain_config.name} (first use; cached in {target.parent})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"zoo: building {name} for {domain_config.name} (first use; cached in {target.parent})",
+                file=sys.stderr,
+                flush=True,
+            )
         if isinstance(recipe, TokenizerRecipe):
             extra = _build_tokenizer(recipe, domain, tmp)
         else:
@@ -222,8 +225,14 @@ def _build_model(
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     engine = HFEngine(model, tokenizer)
-    result = evaluate(engine, domain, domain.eval_items(), EvalConfig(), label=f"zoo: eval {name}",
-                      show_progress=show_progress)
+    result = evaluate(
+        engine,
+        domain,
+        domain.eval_items(),
+        EvalConfig(),
+        label=f"zoo: eval {name}",
+        show_progress=show_progress,
+    )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return {

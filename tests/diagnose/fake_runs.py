@@ -19,7 +19,9 @@ from distill.config import RunConfig, set_dotted
 
 def series_rows(steps: int, **curves: Callable[[int], float]) -> list[dict[str, Any]]:
     """One metrics line per step 1..steps, each key from its function of the step."""
-    return [{"step": s, **{k.replace("__", "/"): f(s) for k, f in curves.items()}} for s in range(1, steps + 1)]
+    return [
+        {"step": s, **{k.replace("__", "/"): f(s) for k, f in curves.items()}} for s in range(1, steps + 1)
+    ]
 
 
 def eval_rows(bench: str, step: int, metrics: dict[str, float]) -> dict[str, Any]:
@@ -41,15 +43,33 @@ def healthy_metrics(steps: int = 50) -> list[dict[str, Any]]:
         student__accuracy=lambda s: 0.2 + 0.006 * s,
         student__reward_mean=lambda s: 0.2 + 0.006 * s,
     )
-    first = {"avg@4": 0.2, "pass@4": 0.4, "pass@1": 0.2, "solved": 8.0, "truncation_rate": 0.02,
-             "response_tokens_p90": 50.0}
-    last = {"avg@4": 0.4, "pass@4": 0.6, "pass@1": 0.4, "solved": 12.0, "truncation_rate": 0.01,
-            "response_tokens_p90": 48.0}
+    first = {
+        "avg@4": 0.2,
+        "pass@4": 0.4,
+        "pass@1": 0.2,
+        "solved": 8.0,
+        "truncation_rate": 0.02,
+        "response_tokens_p90": 50.0,
+    }
+    last = {
+        "avg@4": 0.4,
+        "pass@4": 0.6,
+        "pass@1": 0.4,
+        "solved": 12.0,
+        "truncation_rate": 0.01,
+        "response_tokens_p90": 48.0,
+    }
     return [eval_rows("rlve", 0, first), *rows, eval_rows("rlve", steps, last)]
 
 
-HEALTHY_CONFIG = {"student.precision": "fp32", "optim.lr": 1e-5, "optim.max_steps": 50, "eval.k": 4,
-                  "student.enable_thinking": False, "teacher.enable_thinking": False}
+HEALTHY_CONFIG = {
+    "student.precision": "fp32",
+    "optim.lr": 1e-5,
+    "optim.max_steps": 50,
+    "eval.k": 4,
+    "student.enable_thinking": False,
+    "teacher.enable_thinking": False,
+}
 
 
 def write_run(
@@ -73,9 +93,15 @@ def write_run(
     for key, value in (config or {}).items():
         set_dotted(data, key.split("."), value)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    base = {"run_id": name, "status": "FINISHED", "domain": data["domain"]["name"],
-            "method": data["method"]["name"], "student": data["student"]["name"],
-            "teacher": data["teacher"]["name"], "started": "2026-01-01T00:00:00+00:00"}
+    base = {
+        "run_id": name,
+        "status": "FINISHED",
+        "domain": data["domain"]["name"],
+        "method": data["method"]["name"],
+        "student": data["student"]["name"],
+        "teacher": data["teacher"]["name"],
+        "started": "2026-01-01T00:00:00+00:00",
+    }
     (run_dir / "summary.json").write_text(json.dumps({**base, **(summary or {})}))
     if manifest is not None:
         (run_dir / "manifest.json").write_text(json.dumps(manifest))
@@ -83,7 +109,9 @@ def write_run(
         (run_dir / "preflight.json").write_text(json.dumps(preflight))
     with (run_dir / "metrics.jsonl").open("w") as fh:
         for row in metrics or []:
-            clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in row.items()}
+            clean = {
+                k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in row.items()
+            }
             fh.write(json.dumps(clean) + "\n")
     for step, (m, rows) in (evals or {}).items():
         path = run_dir / "eval" / f"step-{step}.jsonl"

@@ -31,7 +31,9 @@ def three_runs(make_run: MakeRun) -> dict[str, Path]:
     return {
         "good": make_run("good", config=HEALTHY_CONFIG, metrics=healthy_metrics()),
         "meh": make_run("meh", config=HEALTHY_CONFIG, metrics=_warning_only_metrics()),
-        "bad": make_run("bad", config={**HEALTHY_CONFIG, "student.enable_thinking": True}, metrics=healthy_metrics()),
+        "bad": make_run(
+            "bad", config={**HEALTHY_CONFIG, "student.enable_thinking": True}, metrics=healthy_metrics()
+        ),
     }
 
 
@@ -51,7 +53,9 @@ def test_json_and_markdown_formats(three_runs: dict[str, Path]) -> None:
     [run] = data["runs"]
     assert data["exit_code"] == 2 and run["findings"][0]["name"] == "thinking_mismatch"
     assert {Path(p).name for p in run["plots"]} >= {"loss.png", "eval.png"}
-    md = runner.invoke(app, ["diagnose", str(three_runs["bad"]), "--format", "markdown", "--no-plots", "--no-mlflow"])
+    md = runner.invoke(
+        app, ["diagnose", str(three_runs["bad"]), "--format", "markdown", "--no-plots", "--no-mlflow"]
+    )
     assert md.stdout.startswith("# diagnose: bad") and "`teacher.enable_thinking=true`" in md.stdout
     bad_fmt = runner.invoke(app, ["diagnose", "bad", "--format", "yaml"])
     assert bad_fmt.exit_code == 2 and "unknown format" in bad_fmt.stderr
@@ -71,8 +75,11 @@ def test_missing_run_is_one_error_line_exit_2(three_runs: dict[str, Path]) -> No
 def test_compare_formats_baseline_and_plot(make_run: MakeRun, workspace: Path) -> None:
     for name, avg in (("a", 0.2), ("b", 0.3)):
         after = {"avg@4": avg, "pass@4": avg + 0.2, "pass@1": avg, "solved": avg * 100}
-        make_run(name, summary={"student_after": after, "steps": 10},
-                 metrics=[eval_rows("rlve", 0, {"avg@4": 0.1}), eval_rows("rlve", 10, after)])
+        make_run(
+            name,
+            summary={"student_after": after, "steps": 10},
+            metrics=[eval_rows("rlve", 0, {"avg@4": 0.1}), eval_rows("rlve", 10, after)],
+        )
     table = runner.invoke(app, ["compare", "a", "b"])
     assert table.exit_code == 0, table.output
     assert "avg@4" in table.stdout and "(+0.1000)" in table.stdout
@@ -80,9 +87,14 @@ def test_compare_formats_baseline_and_plot(make_run: MakeRun, workspace: Path) -
     assert len(plots) == 1 and f"plot  {plots[0]}" in table.stdout
     out = runner.invoke(app, ["compare", "a", "b", "--baseline", "b", "--format", "csv", "--no-plot"])
     rows = list(csv.DictReader(io.StringIO(out.stdout)))
-    assert [r["baseline"] for r in rows] == ["False", "True"] and float(rows[0]["avg@4_delta"]) == pytest.approx(-0.1)
-    data = json.loads(runner.invoke(app, ["compare", "a", "--baseline", "b", "--format", "json",
-                                          "--plot", str(workspace / "x.png")]).stdout)
+    assert [r["baseline"] for r in rows] == ["False", "True"] and float(
+        rows[0]["avg@4_delta"]
+    ) == pytest.approx(-0.1)
+    data = json.loads(
+        runner.invoke(
+            app, ["compare", "a", "--baseline", "b", "--format", "json", "--plot", str(workspace / "x.png")]
+        ).stdout
+    )
     assert [r["run_id"] for r in data["rows"]] == ["b", "a"] and data["plot"] == str(workspace / "x.png")
     md = runner.invoke(app, ["compare", "a", "b", "--format", "markdown", "--no-plot"]).stdout
     assert md.startswith("| run | domain |")
@@ -91,8 +103,12 @@ def test_compare_formats_baseline_and_plot(make_run: MakeRun, workspace: Path) -
 
 
 def test_runs_filters_and_sorts(make_run: MakeRun) -> None:
-    specs = [("r1", "opd", "FINISHED", 0.3, "2026-01-01"), ("r2", "sft", "FINISHED", 0.5, "2026-01-02"),
-             ("r3", "opd", "FAILED", None, "2026-01-03"), ("r4", "opd", "FINISHED", 0.7, "2026-01-04")]
+    specs = [
+        ("r1", "opd", "FINISHED", 0.3, "2026-01-01"),
+        ("r2", "sft", "FINISHED", 0.5, "2026-01-02"),
+        ("r3", "opd", "FAILED", None, "2026-01-03"),
+        ("r4", "opd", "FINISHED", 0.7, "2026-01-04"),
+    ]
     for name, method, status, acc, day in specs:
         summary = {"status": status, "started": f"{day}T00:00:00+00:00"}
         if acc is not None:

@@ -28,9 +28,17 @@ def rlve_runs(make_run: MakeRun) -> list[str]:
     for name, after in RLVE.items():
         method = {"name": "rose"} if name.startswith("rose") else {"name": "opd"}
         start = {k: v * 0.5 for k, v in after.items()}
-        make_run(name, method=method, config={"student.name": "/models/Qwen3-1.7B", "teacher.name": "Qwen/Qwen3-32B"},
-                 summary={"student_after": after, "steps": 140},
-                 metrics=[eval_rows("rlve", 0, start), eval_rows("rlve", 70, after), eval_rows("rlve", 140, after)])
+        make_run(
+            name,
+            method=method,
+            config={"student.name": "/models/Qwen3-1.7B", "teacher.name": "Qwen/Qwen3-32B"},
+            summary={"student_after": after, "steps": 140},
+            metrics=[
+                eval_rows("rlve", 0, start),
+                eval_rows("rlve", 70, after),
+                eval_rows("rlve", 140, after),
+            ],
+        )
     return list(RLVE)
 
 
@@ -62,10 +70,17 @@ def test_markdown_csv_json(rlve_runs: list[str], tmp_path: Path) -> None:
 
 
 def test_sciworld_columns_and_unfinished_run_uses_last_eval(make_run: MakeRun) -> None:
-    make_run("sft", config={"domain.name": "sciworld"},
-             summary={"student_after": {"score": 0.2077, "success": 0.045, "pass_gt0": 0.41}})
-    make_run("rose", config={"domain.name": "sciworld"}, summary={"status": "KILLED"},
-             metrics=[eval_rows("sciworld", 50, {"score": 0.3127, "success": 0.06, "pass_gt0": 0.5})])
+    make_run(
+        "sft",
+        config={"domain.name": "sciworld"},
+        summary={"student_after": {"score": 0.2077, "success": 0.045, "pass_gt0": 0.41}},
+    )
+    make_run(
+        "rose",
+        config={"domain.name": "sciworld"},
+        summary={"status": "KILLED"},
+        metrics=[eval_rows("sciworld", 50, {"score": 0.3127, "success": 0.06, "pass_gt0": 0.5})],
+    )
     table = build_table([load_run("sft"), load_run("rose")])
     assert table.columns == ["score", "success", "pass_gt0"]
     assert "| Score | Success | Pass(>0) |" in to_markdown(table)

@@ -57,12 +57,18 @@ def test_reference_case_estimate_bf16_lr_1e6_advantage_1e2(make_run: MakeRun) ->
 
 
 def test_measured_update_ratio_wins(make_run: MakeRun) -> None:
-    make_run("tiny", config={"student.precision": "bf16", "optim.lr": 1e-3},
-             metrics=series_rows(5, train__update_ratio=lambda s: 1e-6))
+    make_run(
+        "tiny",
+        config={"student.precision": "bf16", "optim.lr": 1e-3},
+        metrics=series_rows(5, train__update_ratio=lambda s: 1e-6),
+    )
     [f] = precision(load_run("tiny"))
     assert f.severity is Severity.ERROR and f.evidence[2].source == "train/update_ratio"
-    make_run("fine", config={"student.precision": "bf16", "optim.lr": 1e-6},
-             metrics=series_rows(5, train__update_ratio=lambda s: 1e-2))
+    make_run(
+        "fine",
+        config={"student.precision": "bf16", "optim.lr": 1e-6},
+        metrics=series_rows(5, train__update_ratio=lambda s: 1e-2),
+    )
     assert precision(load_run("fine")) == []
 
 
@@ -76,7 +82,9 @@ def test_checkpoints_bit_identical_in_bf16_is_an_error(make_run: MakeRun, tmp_pa
     start.mkdir()
     w0 = _weights()
     save_file(w0, start / "model.safetensors")
-    run = make_run("stuck", config={"student.precision": "bf16", "optim.lr": 1e-6, "student.name": str(start)})
+    run = make_run(
+        "stuck", config={"student.precision": "bf16", "optim.lr": 1e-6, "student.name": str(start)}
+    )
     ckpt = run / "checkpoints" / "step-3"
     ckpt.mkdir(parents=True)
     # What a bf16 run saves when every update rounded away: the start weights, cast once at load.
@@ -89,13 +97,19 @@ def test_checkpoints_bit_identical_in_bf16_is_an_error(make_run: MakeRun, tmp_pa
 
 
 def test_checkpoints_that_moved_are_fine_and_earliest_vs_latest(make_run: MakeRun) -> None:
-    run = make_run("moved", config={"student.precision": "fp32", "optim.lr": 1e-4, "student.name": "hub/model"})
+    run = make_run(
+        "moved", config={"student.precision": "fp32", "optim.lr": 1e-4, "student.name": "hub/model"}
+    )
     w0 = _weights()
     for step, shift in ((2, 0.0), (4, 1e-3)):
         ckpt = run / "checkpoints" / f"step-{step}"
         ckpt.mkdir(parents=True)
         save_file({k: v + shift for k, v in w0.items()}, ckpt / "model.safetensors")
     move = measure_update(load_run("moved"))
-    assert move is not None and (move.start, move.end, move.steps) == ("checkpoints/step-2", "checkpoints/step-4", 2)
+    assert move is not None and (move.start, move.end, move.steps) == (
+        "checkpoints/step-2",
+        "checkpoints/step-4",
+        2,
+    )
     assert move.changed_fraction > 0.99
     assert precision(load_run("moved")) == []

@@ -25,24 +25,44 @@ pytestmark = pytest.mark.integration
 
 
 def _env(workspace: Path) -> dict[str, str]:
-    return {**os.environ, "DISTILL_WORKSPACE": str(workspace), "MLFLOW_DISABLE_TELEMETRY": "true",
-            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return {
+        **os.environ,
+        "DISTILL_WORKSPACE": str(workspace),
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def _overrides(tiny_zoo, name: str) -> list[str]:
     d = tiny_zoo.domain
     return [
-        f"student.name={tiny_zoo.student}", f"teacher.name={tiny_zoo.teacher}",
-        f"domain.train_size={d.train_size}", f"domain.eval_size={d.eval_size}",
-        "optim.max_steps=3", "checkpoint.every_steps=0", "rollout.prompts_per_step=4",
-        "rollout.num_generations=2", "rollout.max_new_tokens=24", "eval.items=4", "eval.max_new_tokens=24",
-        "eval.eval_teacher=false", "optim.batch_size=8", "threads=1", f"tracking.run_name={name}",
+        f"student.name={tiny_zoo.student}",
+        f"teacher.name={tiny_zoo.teacher}",
+        f"domain.train_size={d.train_size}",
+        f"domain.eval_size={d.eval_size}",
+        "optim.max_steps=3",
+        "checkpoint.every_steps=0",
+        "rollout.prompts_per_step=4",
+        "rollout.num_generations=2",
+        "rollout.max_new_tokens=24",
+        "eval.items=4",
+        "eval.max_new_tokens=24",
+        "eval.eval_teacher=false",
+        "optim.batch_size=8",
+        "threads=1",
+        f"tracking.run_name={name}",
     ]
 
 
 def _distill(args: list[str], workspace: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "distill", *args], env=_env(workspace),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "distill", *args],
+        env=_env(workspace),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +97,9 @@ def test_sft_teacher_cut_at_budget(real_runs: Path, monkeypatch: pytest.MonkeyPa
     assert [x.override for x in f.fixes] == ["rollout.max_new_tokens=8"]  # 2 x the 4-token targets
 
 
-def test_bf16_updates_round_away_fp32_moves(real_runs: Path, tiny_zoo, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bf16_updates_round_away_fp32_moves(
+    real_runs: Path, tiny_zoo, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DISTILL_WORKSPACE", str(real_runs))
     bf16 = _changed_fraction(tiny_zoo.student, real_runs / "runs" / "opd-bf16" / "checkpoints" / "step-3")
     fp32 = _changed_fraction(tiny_zoo.student, real_runs / "runs" / "opd-fp32" / "checkpoints" / "step-3")

@@ -23,7 +23,10 @@ def test_metrics_lines_sharing_a_step_nan_strings_and_a_torn_line(tmp_path: Path
         '{"step": 3, "train/lo'
     )
     series, problems = read_metrics(path)
-    assert series["train/loss"].steps.tolist() == [1, 2] and series["train/loss"].values.tolist() == [2.0, 1.5]
+    assert series["train/loss"].steps.tolist() == [1, 2] and series["train/loss"].values.tolist() == [
+        2.0,
+        1.5,
+    ]
     assert series["eval/rlve/avg@1"].steps.tolist() == [0, 2]
     assert math.isnan(series["train/grad_norm"].values[0])
     assert problems == ["metrics.jsonl line 5: not a metrics row, skipped"]

@@ -31,20 +31,33 @@ def _sick_metrics() -> list[dict]:
         student__completion_tokens_mean=lambda s: 17000.0,
         kl__reverse_kl_mean=lambda s: 0.3,
     )
-    return [eval_rows("dapo", 0, {"avg@16": 0.6, "pass@16": 0.8, "truncation_rate": 0.1}), *rows,
-            eval_rows("dapo", 12, {"avg@16": 0.55, "pass@16": 0.83, "truncation_rate": 0.3})]
+    return [
+        eval_rows("dapo", 0, {"avg@16": 0.6, "pass@16": 0.8, "truncation_rate": 0.1}),
+        *rows,
+        eval_rows("dapo", 12, {"avg@16": 0.55, "pass@16": 0.83, "truncation_rate": 0.3}),
+    ]
 
 
 def test_build_report_writes_files_and_plots(make_run: MakeRun) -> None:
-    run = make_run("sick", method={"name": "rose", "prefix_tokens": 1024, "teacher_max_tokens": 1024},
-                   config={"domain.name": "dapo"}, metrics=_sick_metrics())
+    run = make_run(
+        "sick",
+        method={"name": "rose", "prefix_tokens": 1024, "teacher_max_tokens": 1024},
+        config={"domain.name": "dapo"},
+        metrics=_sick_metrics(),
+    )
     report = build_report(load_run("sick"))
     assert report.exit_code == 2
     names = [f.name for f in report.findings]
     assert names[:2] == ["teacher_truncation", "supervision_coverage"]  # errors first, in rule order
     assert {"student_truncation", "eval_truncation:dapo", "eval_divergence:dapo"} <= set(names)
     folder = run / "diagnose"
-    assert {p.name for p in report.plots} == {"loss.png", "kl.png", "truncation.png", "budget.png", "eval.png"}
+    assert {p.name for p in report.plots} == {
+        "loss.png",
+        "kl.png",
+        "truncation.png",
+        "budget.png",
+        "eval.png",
+    }
     for p in report.plots:
         assert p.parent == folder and p.read_bytes()[:8] == PNG
     data = json.loads((folder / "report.json").read_text())
@@ -57,8 +70,11 @@ def test_build_report_writes_files_and_plots(make_run: MakeRun) -> None:
 
 
 def test_text_and_json_rendering(make_run: MakeRun) -> None:
-    make_run("sick", method={"name": "rose", "prefix_tokens": 1024, "teacher_max_tokens": 1024},
-             metrics=_sick_metrics())
+    make_run(
+        "sick",
+        method={"name": "rose", "prefix_tokens": 1024, "teacher_max_tokens": 1024},
+        metrics=_sick_metrics(),
+    )
     report = build_report(load_run("sick"), plots=False)
     buf = io.StringIO()
     print_report(report, Console(file=buf, width=160))
@@ -90,8 +106,12 @@ def test_log_to_mlflow_adds_artifacts_without_touching_status(make_run: MakeRun,
     uri = f"sqlite:///{workspace / 'mlflow.db'}"
     tracker = open_tracker(uri, "distill", workspace / "mlartifacts", run_name="sick")
     tracker.finish("FINISHED")
-    make_run("sick", method={"name": "rose", "prefix_tokens": 1024, "teacher_max_tokens": 1024},
-             metrics=_sick_metrics(), summary={"mlflow_run_id": tracker.run_id, "tracking_uri": uri})
+    make_run(
+        "sick",
+        method={"name": "rose", "prefix_tokens": 1024, "teacher_max_tokens": 1024},
+        metrics=_sick_metrics(),
+        summary={"mlflow_run_id": tracker.run_id, "tracking_uri": uri},
+    )
     report = build_report(load_run("sick"))
     assert log_to_mlflow(report).startswith(f"run {tracker.run_id}: artifacts diagnose/")
     client = MlflowClient(tracking_uri=uri)

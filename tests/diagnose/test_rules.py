@@ -48,14 +48,23 @@ def test_teacher_truncation_rose_reference_numbers(make_run: MakeRun) -> None:
 
 
 def test_teacher_truncation_sft_names_the_rollout_budget_and_tiers(make_run: MakeRun) -> None:
-    metrics = [{"step": 0, "teacher/truncation_rate": 0.3, "teacher/ce_target_share": 0.8,
-                "teacher/ce_target_tokens_max": 64.0}]
+    metrics = [
+        {
+            "step": 0,
+            "teacher/truncation_rate": 0.3,
+            "teacher/ce_target_share": 0.8,
+            "teacher/ce_target_tokens_max": 64.0,
+        }
+    ]
     make_run("sft", config={"method.name": "sft", "rollout.max_new_tokens": 64}, metrics=metrics)
     f = _one(teacher_truncation(load_run("sft")), "teacher_truncation")
     assert f.severity is Severity.WARNING
     assert [x.override for x in f.fixes] == ["rollout.max_new_tokens=128"]
-    make_run("ok", config={"method.name": "sft"}, metrics=[{"step": 0, "teacher/truncation_rate": 0.05,
-                                                             "teacher/ce_target_share": 0.4}])
+    make_run(
+        "ok",
+        config={"method.name": "sft"},
+        metrics=[{"step": 0, "teacher/truncation_rate": 0.05, "teacher/ce_target_share": 0.4}],
+    )
     assert teacher_truncation(load_run("ok")) == []
 
 
@@ -68,9 +77,16 @@ def test_coverage_reference_case_raises_t_then_k(make_run: MakeRun) -> None:
 
 
 def test_coverage_without_teacher_truncation_raises_k_only(make_run: MakeRun) -> None:
-    metrics = series_rows(10, coverage__supervised_share=lambda s: 0.2, teacher__truncation_rate=lambda s: 0.0,
-                          teacher__ce_target_share=lambda s: 0.3, student__completion_tokens_mean=lambda s: 8000.0)
-    make_run("rose", method={"name": "rose", "prefix_tokens": 512, "teacher_max_tokens": 1024}, metrics=metrics)
+    metrics = series_rows(
+        10,
+        coverage__supervised_share=lambda s: 0.2,
+        teacher__truncation_rate=lambda s: 0.0,
+        teacher__ce_target_share=lambda s: 0.3,
+        student__completion_tokens_mean=lambda s: 8000.0,
+    )
+    make_run(
+        "rose", method={"name": "rose", "prefix_tokens": 512, "teacher_max_tokens": 1024}, metrics=metrics
+    )
     f = _one(coverage(load_run("rose")), "supervision_coverage")
     assert f.severity is Severity.WARNING
     assert [x.override for x in f.fixes] == ["method.prefix_tokens=2048"]  # 8000 / 4, nearest power of two
@@ -79,16 +95,21 @@ def test_coverage_without_teacher_truncation_raises_k_only(make_run: MakeRun) ->
 
 
 def test_student_truncation_rising_and_eval_truncation(make_run: MakeRun) -> None:
-    metrics = series_rows(50, student__truncation_rate=lambda s: 0.05 + 0.005 * s,
-                          student__completion_tokens_max=lambda s: 64.0)
-    metrics += [eval_rows("rlve", 0, {"truncation_rate": 0.1, "response_tokens_p90": 40.0}),
-                eval_rows("rlve", 50, {"truncation_rate": 0.6, "response_tokens_p90": 64.0})]
+    metrics = series_rows(
+        50, student__truncation_rate=lambda s: 0.05 + 0.005 * s, student__completion_tokens_max=lambda s: 64.0
+    )
+    metrics += [
+        eval_rows("rlve", 0, {"truncation_rate": 0.1, "response_tokens_p90": 40.0}),
+        eval_rows("rlve", 50, {"truncation_rate": 0.6, "response_tokens_p90": 64.0}),
+    ]
     make_run("t", config={"rollout.max_new_tokens": 64, "eval.max_new_tokens": 64}, metrics=metrics)
     found = student_truncation(load_run("t"))
     roll = _one(found, "student_truncation")
     assert roll.severity is Severity.WARNING and "rising" in roll.title
     start, end, trend = roll.evidence[:3]
-    assert start.value == pytest.approx(0.05 + 0.005 * 5.5) and end.value == pytest.approx(0.05 + 0.005 * 45.5)
+    assert start.value == pytest.approx(0.05 + 0.005 * 5.5) and end.value == pytest.approx(
+        0.05 + 0.005 * 45.5
+    )
     assert "fitted rise +0.24" in str(trend.value)
     assert [x.override for x in roll.fixes] == ["rollout.max_new_tokens=128"]
     ev = _one(found, "eval_truncation:rlve")
@@ -122,8 +143,12 @@ def test_run_status_failed(make_run: MakeRun) -> None:
 
 
 def test_healthy_run_has_no_errors_or_warnings(make_run: MakeRun) -> None:
-    make_run("good", config=HEALTHY_CONFIG, metrics=healthy_metrics(),
-             summary={"student_after": {"avg@4": 0.4, "pass@4": 0.6}})
+    make_run(
+        "good",
+        config=HEALTHY_CONFIG,
+        metrics=healthy_metrics(),
+        summary={"student_after": {"avg@4": 0.4, "pass@4": 0.6}},
+    )
     findings = diagnose(load_run("good"))
     assert [f for f in findings if f.severity >= Severity.WARNING] == [], [f.title for f in findings]
 
@@ -132,10 +157,20 @@ def test_rose_healthy_run_with_budget_keys_is_quiet(make_run: MakeRun) -> None:
     metrics = healthy_metrics()
     for row in metrics:
         if "train/loss" in row:
-            row.update({"train/ce_loss": row["train/loss"], "teacher/truncation_rate": 0.05,
-                        "teacher/ce_target_share": 0.5, "coverage/supervised_share": 0.45})
-    make_run("rose-good", method={"name": "rose", "prefix_tokens": 256, "teacher_max_tokens": 512},
-             config=HEALTHY_CONFIG, metrics=metrics)
+            row.update(
+                {
+                    "train/ce_loss": row["train/loss"],
+                    "teacher/truncation_rate": 0.05,
+                    "teacher/ce_target_share": 0.5,
+                    "coverage/supervised_share": 0.45,
+                }
+            )
+    make_run(
+        "rose-good",
+        method={"name": "rose", "prefix_tokens": 256, "teacher_max_tokens": 512},
+        config=HEALTHY_CONFIG,
+        metrics=metrics,
+    )
     findings = diagnose(load_run("rose-good"))
     assert max((f.severity for f in findings), default=Severity.INFO) is Severity.INFO
     assert not math.isnan(load_run("rose-good").get("coverage/supervised_share").mean())

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from distill.config import DomainConfig
+from distill.config import DomainConfig, RLVEDomainConfig, domain_config
 from distill.domains import build_domain
 from distill.domains.base import Item
 from distill.domains.rlve import RLVEDomain, build
 
 
 def small() -> DomainConfig:
-    return DomainConfig(train_size=64, eval_size=16)
+    return RLVEDomainConfig(train_size=64, eval_size=16)
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +40,8 @@ def test_sizes_and_environments(domain: RLVEDomain) -> None:
 
 def test_registry_builds_rlve() -> None:
     assert isinstance(build_domain(small()), RLVEDomain)
-    with pytest.raises(ValueError, match="unknown domain 'nope'"):
-        build_domain(DomainConfig(name="nope"))
+    with pytest.raises(ValueError, match="unknown domain 'nope'; known: rlve"):
+        domain_config("nope")
 
 
 def test_items_are_deterministic(domain: RLVEDomain) -> None:
@@ -51,8 +51,8 @@ def test_items_are_deterministic(domain: RLVEDomain) -> None:
 
 
 def test_eval_seed_changes_the_eval_set() -> None:
-    a = build(DomainConfig(train_size=1, eval_size=16))
-    b = build(DomainConfig(train_size=1, eval_size=16, eval_seed=7))
+    a = build(RLVEDomainConfig(train_size=1, eval_size=16))
+    b = build(RLVEDomainConfig(train_size=1, eval_size=16, eval_seed=7))
     assert [i.prompt for i in a.eval_items()] != [i.prompt for i in b.eval_items()]
 
 
@@ -66,7 +66,7 @@ def test_eval_prompts_distinct(domain: RLVEDomain) -> None:
 def test_eval_prompts_never_in_train() -> None:
     # One small environment (1-digit multiplication: ~1,000 distinct prompts), many training
     # items: without the exclusion, eval prompts would almost surely reappear in training.
-    cfg = DomainConfig(environments=["Multiplication"], train_size=300, eval_size=24)
+    cfg = RLVEDomainConfig(environments=["Multiplication"], train_size=300, eval_size=24)
     dom = build(cfg)
     eval_prompts = {i.prompt for i in dom.eval_items()}
     train_prompts = [i.prompt for i in dom.train_items()]
@@ -149,7 +149,7 @@ def test_generation_preserves_caller_rng_state() -> None:
     random.seed(123)
     np.random.seed(123)
     torch.manual_seed(123)
-    dom = build(DomainConfig(train_size=8, eval_size=4))
+    dom = build(RLVEDomainConfig(train_size=8, eval_size=4))
     dom.eval_items()
     dom.train_items()
     dom.score(dom.eval_items()[0], "\\boxed{1}")
@@ -157,14 +157,14 @@ def test_generation_preserves_caller_rng_state() -> None:
 
 
 def test_unknown_environment_names_it() -> None:
-    dom = build(DomainConfig(environments=["NoSuchPuzzle"], parameters={}, train_size=2, eval_size=2))
+    dom = build(RLVEDomainConfig(environments=["NoSuchPuzzle"], parameters={}, train_size=2, eval_size=2))
     with pytest.raises(ValueError, match="NoSuchPuzzle"):
         dom.eval_items()
 
 
 def test_no_environments_is_an_error() -> None:
     with pytest.raises(ValueError, match="at least one"):
-        build(DomainConfig(environments=[], train_size=2, eval_size=2))
+        build(RLVEDomainConfig(environments=[], train_size=2, eval_size=2))
 
 
 def test_corpus_covers_prompts_and_solutions(domain: RLVEDomain) -> None:

@@ -90,9 +90,20 @@ def test_opd_run_writes_run_dir_and_mlflow(tmp_path: Path, tiny_zoo) -> None:
     train_rows = [r for r in rows if "train/loss" in r]
     assert [r["step"] for r in train_rows] == [1, 2, 3, 4]
     for row in train_rows:
-        for key in ("train/grad_norm", "train/lr", "perf/step_time_s", "perf/tokens_per_s", "perf/gen_time_s",
-                    "perf/teacher_time_s", "student/completion_tokens_mean", "student/completion_tokens_max",
-                    "student/truncation_rate", "kl/reverse_kl_mean", "kl/reverse_kl_std", "kl/advantage_mean"):
+        for key in (
+            "train/grad_norm",
+            "train/lr",
+            "perf/step_time_s",
+            "perf/tokens_per_s",
+            "perf/gen_time_s",
+            "perf/teacher_time_s",
+            "student/completion_tokens_mean",
+            "student/completion_tokens_max",
+            "student/truncation_rate",
+            "kl/reverse_kl_mean",
+            "kl/reverse_kl_std",
+            "kl/advantage_mean",
+        ):
             assert key in row, key
     assert (run_dir / "samples" / "step-1.jsonl").exists()
     sample = json.loads((run_dir / "samples" / "step-1.jsonl").read_text().splitlines()[0])
@@ -117,7 +128,15 @@ def test_opd_run_writes_run_dir_and_mlflow(tmp_path: Path, tiny_zoo) -> None:
     history = client.get_metric_history(run.info.run_id, "eval/rlve/accuracy")
     assert sorted(m.step for m in history) == [0, 4]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "manifest.json", "summary.json", "metrics.jsonl", "samples", "eval", "diagnose"} <= artifacts
+    assert {
+        "config.yaml",
+        "manifest.json",
+        "summary.json",
+        "metrics.jsonl",
+        "samples",
+        "eval",
+        "diagnose",
+    } <= artifacts
     # The run ends with its own diagnosis: report and plots in the run dir, counts in summary.json.
     report = json.loads((run_dir / "diagnose" / "report.json").read_text())
     assert report["run_id"] == run_dir.name and report["status"] == "FINISHED"
@@ -128,11 +147,26 @@ def test_opd_run_writes_run_dir_and_mlflow(tmp_path: Path, tiny_zoo) -> None:
     listed = _distill(["runs", "--json"], ws)
     assert listed.returncode == 0
     [entry] = json.loads(listed.stdout)
-    assert entry["run_id"] == run_dir.name and entry["student_after"]["accuracy"] == summary["student_after"]["accuracy"]
+    assert (
+        entry["run_id"] == run_dir.name
+        and entry["student_after"]["accuracy"] == summary["student_after"]["accuracy"]
+    )
 
     # `distill eval` of a checkpoint is logged as a nested run of its training run.
-    evaluated = _distill(["eval", "--model", str(run_dir / "checkpoints" / "step-4"), "--items", "8", "-n", "2",
-                          "--max-new-tokens", "24"], ws)
+    evaluated = _distill(
+        [
+            "eval",
+            "--model",
+            str(run_dir / "checkpoints" / "step-4"),
+            "--items",
+            "8",
+            "-n",
+            "2",
+            "--max-new-tokens",
+            "24",
+        ],
+        ws,
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert "pass@2" in evaluated.stdout and "nested under" in evaluated.stdout
     children = client.search_runs(
@@ -145,8 +179,17 @@ def test_opd_run_writes_run_dir_and_mlflow(tmp_path: Path, tiny_zoo) -> None:
 
 def test_killed_run_resumes_from_last_checkpoint(tmp_path: Path, tiny_zoo) -> None:
     ws = tmp_path / "ws"
-    args = [sys.executable, "-m", "distill", "run", "--domain", "rlve", "--method", "opd",
-            *_overrides(tiny_zoo, 12, 2)]
+    args = [
+        sys.executable,
+        "-m",
+        "distill",
+        "run",
+        "--domain",
+        "rlve",
+        "--method",
+        "opd",
+        *_overrides(tiny_zoo, 12, 2),
+    ]
     proc = subprocess.Popen(args, env=_env(ws), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 240
     ckpt_dir = None
@@ -173,8 +216,11 @@ def test_killed_run_resumes_from_last_checkpoint(tmp_path: Path, tiny_zoo) -> No
     assert "resuming" in resumed.stdout and "from step-" in resumed.stdout
     state = json.loads((run_dir / "checkpoints" / "step-12" / "trainer_state.json").read_text())
     assert state["global_step"] == 12
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-             if "train/loss" in line]
+    steps = [
+        json.loads(line)["step"]
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if "train/loss" in line
+    ]
     assert steps == list(range(1, 13))  # every step exactly once: re-trained steps replace the lost ones
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "FINISHED" and "student_after" in summary
@@ -185,12 +231,24 @@ def test_killed_run_resumes_from_last_checkpoint(tmp_path: Path, tiny_zoo) -> No
 
 def test_sft_run_trains_on_teacher_trajectories(tmp_path: Path, tiny_zoo) -> None:
     ws = tmp_path / "ws"
-    proc = _distill(["run", "--domain", "rlve", "--method", "sft", *_overrides(tiny_zoo, 3, 0),
-                     "method.keep_verified_only=false"], ws)
+    proc = _distill(
+        [
+            "run",
+            "--domain",
+            "rlve",
+            "--method",
+            "sft",
+            *_overrides(tiny_zoo, 3, 0),
+            "method.keep_verified_only=false",
+        ],
+        ws,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = _only_run(ws)
-    trajectories = [json.loads(line) for line in
-                    (run_dir / "data" / "teacher_trajectories.jsonl").read_text().splitlines()]
+    trajectories = [
+        json.loads(line)
+        for line in (run_dir / "data" / "teacher_trajectories.jsonl").read_text().splitlines()
+    ]
     assert len(trajectories) >= 3 * 8 and all("completion" in t and "correct" in t for t in trajectories)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     budget = next(r for r in rows if "teacher/truncation_rate" in r)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from conftest import TINY_RECIPES
 
-from distill.config import DomainConfig
+from distill.config import RLVEDomainConfig
 from distill.zoo import resolve_model
 from distill.zoo.build import ensure_built, entry_dir, read_entry, recipe_key
 from distill.zoo.recipes import ModelRecipe, TokenizerRecipe
@@ -40,7 +40,7 @@ def test_second_build_reuses_the_entry(tiny_zoo: Any, monkeypatch: pytest.Monkey
 
 def test_fresh_tokenizer_build_then_cache_hit(tmp_path: Path) -> None:
     recipes = {"tok": TokenizerRecipe(family="llama", vocab_size=300)}
-    domain = DomainConfig(train_size=8, eval_size=4)
+    domain = RLVEDomainConfig(train_size=8, eval_size=4)
     path = ensure_built(tmp_path, "tok", domain, show_progress=False, recipes=recipes)
     assert path == entry_dir(tmp_path, "tok", domain, recipes)
     assert path.parent == tmp_path / "rlve"
@@ -181,7 +181,7 @@ def test_unknown_name_raises(tmp_path: Path) -> None:
         ensure_built(
             tmp_path,
             "nope",
-            DomainConfig(train_size=4, eval_size=2),
+            RLVEDomainConfig(train_size=4, eval_size=2),
             show_progress=False,
             recipes=TINY_RECIPES,
         )
@@ -194,4 +194,4 @@ def test_resolve_model_passes_non_zoo_names_through() -> None:
 
     settings = Settings(workspace=Path("/nonexistent"))
     for name in ("Qwen/Qwen3-1.7B", "/models/local", "runs/x/checkpoints/step-3"):
-        assert resolve_model(name, DomainConfig(), settings) == name
+        assert resolve_model(name, RLVEDomainConfig(), settings) == name

@@ -124,8 +124,11 @@ class RLVEDomain(Domain):
     @cached_property
     def _eval(self) -> list[Item]:
         return cached_items(
-            self.config, "eval",
-            lambda: self._generate(self.config.eval_size, self.config.eval_seed * 1000, exclude=set(), distinct=True),
+            self.config,
+            "eval",
+            lambda: self._generate(
+                self.config.eval_size, self.config.eval_seed * 1000, exclude=set(), distinct=True
+            ),
         )
 
     @cached_property

@@ -34,7 +34,11 @@ def _sorting(parameter: dict[str, Any], rng: random.Random | None) -> Segments:
         rest = " ".join(map(str, left)) if left else "none"
         if step == corrupt_at:
             assert rng is not None
-            segments += [("smallest", True), (f" {_wrong(smallest, rng, high)}", False), (f", left {rest}.\n", True)]
+            segments += [
+                ("smallest", True),
+                (f" {_wrong(smallest, rng, high)}", False),
+                (f", left {rest}.\n", True),
+            ]
         else:
             segments.append((f"smallest {smallest}, left {rest}.\n", True))
     answer = " ".join(map(str, parameter["gold_answer"]))
@@ -67,7 +71,9 @@ WORKED: dict[str, Callable[[dict[str, Any], random.Random | None], Segments]] = 
 }
 
 
-def solution_segments(identifier: str, parameter: dict[str, Any], rng: random.Random | None = None) -> Segments:
+def solution_segments(
+    identifier: str, parameter: dict[str, Any], rng: random.Random | None = None
+) -> Segments:
     solver = WORKED.get(identifier)
     if solver is not None:
         return solver(parameter, rng)
