@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 Precision = Literal["fp32", "bf16", "fp16"]
 
@@ -49,8 +49,75 @@ class RLVEDomainConfig(DomainBase):
     )
 
 
+class SciWorldDomainConfig(DomainBase):
+    """ScienceWorld episodes in the AgentGym format (distill/domains/sciworld/)."""
+
+    name: Literal["sciworld"] = "sciworld"
+    # Episodes are slow to materialise (a gold play each): smaller sets than single-turn domains.
+    train_size: int = Field(256, ge=1)
+    eval_size: int = Field(40, ge=1)
+    # ScienceWorld task ids (env.tasks keys) of the embedded items; train items come from the
+    # simulator's train variations, eval items from its test variations.
+    tasks: list[str] = Field(default_factory=lambda: ["4-2", "7-1"])
+    # Environment worker processes, one JVM each; episodes run in parallel across them.
+    pool_size: int = Field(2, ge=1)
+    # Heap cap of each JVM, passed as JAVA_TOOL_OPTIONS=-Xmx<java_heap>.
+    java_heap: str = Field("1g", pattern=r"^[0-9]+[kKmMgG]$")
+    max_turns: int = Field(20, ge=1)
+    # Token budget of one assistant turn.
+    turn_max_new_tokens: int = Field(64, ge=1)
+    # The simulator ends an episode after this many moves (its envStepLimit).
+    env_step_limit: int = Field(100, ge=1)
+    # A final score of -100 (irreversible failure): "zero" counts it as 0, "keep" as -100.
+    negative_score: Literal["zero", "keep"] = "zero"
+    # Seconds one reset/step may take before its worker counts as hung and is restarted.
+    step_timeout_s: float = Field(120.0, gt=0)
+    # ROSE on episodes: the student plays the first N turns, N drawn per episode from
+    # [student_turns_min, student_turns] (student_turns_min None: N fixed), then the teacher.
+    student_turns: int = Field(2, ge=0)
+    student_turns_min: int | None = Field(0, ge=0)
+
+
+class DapoDomainConfig(DomainBase):
+    """Math with a boxed final answer graded by math-verify (distill/domains/dapo/)."""
+
+    name: Literal["dapo"] = "dapo"
+    # Training problems: a hub id (e.g. BytedTsinghua-SIA/DAPO-Math-17k), a local parquet/jsonl/json
+    # file or folder (verl, RLVE or plain problem/answer rows); None: the embedded generated problems.
+    data: str | None = None
+    # Eval items: a benchmark (aime25, hmmt25, aime24) read from `eval_data` (file or folder) or
+    # its hub id; None: held-out problems of the training source.
+    eval_benchmark: str | None = None
+    eval_data: str | None = None
+    # Shuffles the loaded training problems (after deduplication by problem text).
+    seed: int = 0
+    # The embedded generator: operations per problem and the largest intermediate value.
+    min_steps: int = Field(2, ge=1)
+    max_steps: int = Field(4, ge=1)
+    max_value: int = Field(20, ge=10)
+    # math-verify worker processes and the per-item timeout of its parse/verify calls.
+    grade_workers: int = Field(2, ge=1)
+    grade_timeout_s: int = Field(5, ge=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DapoDomainConfig:
+        from distill.evals.benchmarks import BENCHMARKS
+
+        if self.max_steps < self.min_steps:
+            raise ValueError(f"max_steps ({self.max_steps}) must be >= min_steps ({self.min_steps})")
+        if self.eval_benchmark is not None and self.eval_benchmark not in BENCHMARKS:
+            raise ValueError(
+                f"unknown eval_benchmark {self.eval_benchmark!r}; known: {', '.join(BENCHMARKS)}"
+            )
+        if self.eval_data is not None and self.eval_benchmark is None:
+            raise ValueError("eval_data needs eval_benchmark (the benchmark those problems are)")
+        return self
+
+
 # One model per domain, chosen by `name` (the registry key); add a domain's model to this union.
-DomainConfig = Annotated[RLVEDomainConfig, Field(discriminator="name")]
+DomainConfig = Annotated[
+    RLVEDomainConfig | SciWorldDomainConfig | DapoDomainConfig, Field(discriminator="name")
+]
 
 
 def domain_config(name: str, **fields: Any) -> DomainConfig:
@@ -77,15 +144,92 @@ class SFTMethod(Strict):
     epochs: float = Field(1.0, gt=0)
 
 
-class OPDMethod(Strict):
-    name: Literal["opd"] = "opd"
-    # A_t = coef * (logp_teacher - logp_student), token_reward_direct: no normalisation.
+class OnPolicyKL(Strict):
+    """What OPD and OPSD share: the student samples, a teacher scores the same token ids."""
+
+    # token_reward_direct: A_t = coef * (logp_teacher - logp_student) into the policy-gradient loss,
+    # not normalised. k1, k3/low_var_kl: direct KL losses on sampled tokens. forward_kl_topk:
+    # KL(teacher || student) over the teacher's top_k. jsd: full-vocabulary generalised JSD (beta).
+    loss: Literal["token_reward_direct", "k1", "k3", "low_var_kl", "forward_kl_topk", "jsd"] = (
+        "token_reward_direct"
+    )
     coef: float = 1.0
     # Optional symmetric clamp of the advantage; None keeps the reference semantics.
     advantage_clip: float | None = Field(None, gt=0)
+    top_k: int = Field(20, ge=1)
+    # forward_kl_topk: match the teacher's mass outside its top-k as one tail bucket.
+    topk_tail: bool = True
+    # jsd: 0 forward KL, 1 reverse KL, in between generalised JSD (TRL's convention).
+    beta: float = Field(0.5, ge=0, le=1)
 
 
-MethodConfig = Annotated[SFTMethod | OPDMethod, Field(discriminator="name")]
+class OPDMethod(OnPolicyKL):
+    name: Literal["opd"] = "opd"
+
+
+# The reference document's privileged teacher prompt (OPSD): problem, reference solution, transition.
+OPSD_TEMPLATE = (
+    "Problem: {problem}\n\n"
+    "Here is a reference solution to this problem:\n"
+    "=== Reference Solution Begin ===\n"
+    "{solution}\n"
+    "=== Reference Solution End ===\n\n\n"
+    "After understanding the reference solution and the rationale behind each step, now articulate your "
+    "own step-by-step reasoning that derives the same final answer to the problem above."
+)
+
+
+class OPSDMethod(OnPolicyKL):
+    """One model is student and teacher; the teacher's prompt carries a privileged solution."""
+
+    name: Literal["opsd"] = "opsd"
+    # The teacher's user message; {problem} is the student's prompt, {solution} the domain's
+    # privileged context (worked solution, else the reference answer).
+    teacher_template: str = OPSD_TEMPLATE
+    # base: frozen step-0 weights; live: the student being trained; ema: an average of the student.
+    teacher_weights: Literal["base", "live", "ema"] = "base"
+    ema_decay: float = Field(0.99, gt=0, lt=1)
+
+
+class ROSEMethod(Strict):
+    """The student writes a prefix of K tokens (mask 0), the teacher continues it for at most
+    t tokens in the same assistant turn (mask 1), CE on the teacher's tokens only."""
+
+    name: Literal["rose"] = "rose"
+    # K in student tokens; with prefix_tokens_min set, the upper end of K's range.
+    prefix_tokens: int = Field(64, ge=0)
+    # Draw K uniformly from [prefix_tokens_min, prefix_tokens] per sample (capped at the student's
+    # response); None: K is fixed. A fixed K never trains the first K positions, which then drift.
+    prefix_tokens_min: int | None = Field(0, ge=0)
+    # Cut at this fraction of the student's full response instead (overrides prefix_tokens).
+    prefix_fraction: float | None = Field(None, ge=0, le=1)
+    # t: the teacher's continuation budget, in teacher tokens.
+    teacher_max_tokens: int = Field(64, ge=1)
+    # Teacher sampling temperature for its continuation; 0 is greedy.
+    teacher_temperature: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _range(self) -> ROSEMethod:
+        if self.prefix_tokens_min is not None and self.prefix_tokens_min > self.prefix_tokens:
+            raise ValueError(
+                f"prefix_tokens_min ({self.prefix_tokens_min}) is above prefix_tokens ({self.prefix_tokens})"
+            )
+        return self
+
+
+MethodConfig = Annotated[SFTMethod | OPDMethod | OPSDMethod | ROSEMethod, Field(discriminator="name")]
+
+
+class LoRAConfig(Strict):
+    """Train the student through LoRA adapters (peft) instead of all weights."""
+
+    enabled: bool = False
+    rank: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    targets: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
 
 
 class RolloutConfig(Strict):
@@ -150,9 +294,33 @@ class RunConfig(Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
+    # On-policy methods check prompts, masks and a zero-advantage self-score before training.
+    preflight: bool = True
     seed: int = 0
     # torch intra-op threads; 0 leaves torch's default.
     threads: int = Field(0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _opsd_teacher_is_the_student(cls, data: Any) -> Any:
+        # OPSD has one model: its teacher is the student's own (step-0 / live / EMA) weights.
+        if (
+            isinstance(data, dict)
+            and isinstance(data.get("method"), dict)
+            and data["method"].get("name") == "opsd"
+        ):
+            student = data.get("student") or {"name": "zoo:student"}
+            student = student if isinstance(student, dict) else student.model_dump()
+            teacher = data.get("teacher")
+            named = teacher.get("name") if isinstance(teacher, dict) else getattr(teacher, "name", None)
+            if named not in (None, student.get("name")):
+                raise ValueError(
+                    f"teacher.name={named} but opsd's teacher is the student itself ({student.get('name')}); "
+                    "drop teacher.name (method.teacher_weights picks base, live or ema weights)"
+                )
+            data = {**data, "teacher": dict(student)}
+        return data
 
 
 class ConfigError(ValueError):

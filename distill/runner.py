@@ -233,12 +233,15 @@ def _train_and_evaluate(
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     start = time.time()
-    if config.threads:
-        torch.set_num_threads(config.threads)
     set_seed(config.seed)
     domain = build_domain(config.domain)
     student = _load_engine(config.student, config, settings)
     teacher = _load_engine(config.teacher, config, settings)
+    # After the engines load: a zoo build (inside _load_engine) keeps torch's default threads, so
+    # the cached zoo models are the same whatever `threads` a run asks for.
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    _preflight(config, domain, student, teacher, say)
     manifest = build_manifest(config, argv, tracker.run_id, student, teacher)
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     tracker.log_artifact(run_dir / "config.yaml")
@@ -293,6 +296,34 @@ def _train_and_evaluate(
             tracker.log_artifact(run_dir / folder, folder)
     if (run_dir / "metrics.jsonl").exists():
         tracker.log_artifact(run_dir / "metrics.jsonl")
+
+
+def _preflight(config: RunConfig, domain: Any, student: HFEngine, teacher: HFEngine, say: Say) -> str | None:
+    """Template / thinking / self-score checks for on-policy methods; raises PreflightError."""
+    from distill.methods.preflight import run_preflight, teacher_view
+
+    view = teacher_view(config, domain)
+    if not config.preflight or view is None:
+        return None
+    prompt_for, same_template = view
+    report = run_preflight(config, student, teacher, domain.train_items()[:2], prompt_for, same_template)
+    text = report.render()
+    say("preflight:\n" + text)
+    return text
+
+
+def preflight_only(config: RunConfig, settings: Settings, say: Say) -> str:
+    """`distill run --preflight`: load the pair, run the checks, train nothing, write nothing."""
+    from distill.domains import build_domain
+
+    domain = build_domain(config.domain)
+    student = _load_engine(config.student, config, settings)
+    teacher = _load_engine(config.teacher, config, settings)
+    text = _preflight(config.model_copy(update={"preflight": True}), domain, student, teacher, say)
+    if text is None:
+        say(f"preflight: nothing to check for method {config.method.name} (no teacher scores student tokens)")
+        return ""
+    return text
 
 
 def _score_line(label: str, metrics: dict[str, float]) -> str:

@@ -33,6 +33,20 @@ TINY_RECIPES = {
         batch_size=16,
         warmup_steps=5,
     ),
+    # The other tokenizer family: the cross-family pair with "student".
+    "teacher-llama": ModelRecipe(
+        arch="llama",
+        tokenizer="tok-llama",
+        hidden=64,
+        layers=1,
+        heads=2,
+        kv_heads=1,
+        intermediate=128,
+        steps=60,
+        lr=3e-3,
+        batch_size=16,
+        warmup_steps=5,
+    ),
     "student": ModelRecipe(
         arch="qwen3",
         tokenizer="tok-qwen",
@@ -70,6 +84,7 @@ class TinyZoo:
     student: Path
     tok_qwen: Path
     tok_llama: Path
+    teacher_llama: Path
 
 
 @pytest.fixture(scope="session")
@@ -89,4 +104,5 @@ def tiny_zoo(tmp_path_factory: pytest.TempPathFactory, _workspace: Path) -> Tiny
         student=build("student"),
         tok_qwen=build("tok-qwen"),
         tok_llama=build("tok-llama"),
+        teacher_llama=build("teacher-llama"),
     )

@@ -54,8 +54,10 @@ def test_opd_preset_values() -> None:
     assert preset_path("rlve", "opd").exists()
     cfg = resolve_config("rlve", "opd")
     assert isinstance(cfg.method, OPDMethod)
-    assert cfg.method.coef == 5.0  # schema default is 1.0
-    assert cfg.method.advantage_clip == 5.0  # schema default is None
+    assert cfg.method.loss == "forward_kl_topk"  # schema default is token_reward_direct
+    assert cfg.method.top_k == 32  # schema default is 20
+    assert cfg.rollout.temperature == 0.5  # schema default is 1.0
+    assert cfg.optim.lr == 3e-4  # schema default is 1e-4
     assert cfg.optim.max_steps == 200  # schema default is 100
     assert cfg.checkpoint.every_steps == 50  # schema default is 25
 
@@ -71,7 +73,7 @@ def test_sft_preset_values() -> None:
 def test_defaults_to_rlve_opd() -> None:
     cfg = resolve_config()
     assert cfg.domain.name == "rlve" and cfg.method.name == "opd"
-    assert cfg.method.coef == 5.0
+    assert cfg.method.loss == "forward_kl_topk"
 
 
 # ---------------------------------------------------------------- overrides and layering
@@ -83,7 +85,7 @@ def test_dotted_overrides_win_over_preset() -> None:
     assert cfg.optim.max_steps == 3
     assert cfg.method.coef == 0.5
     # Untouched preset values survive.
-    assert cfg.method.advantage_clip == 5.0
+    assert cfg.method.top_k == 32
     assert cfg.checkpoint.every_steps == 50
 
 
@@ -119,7 +121,7 @@ def test_config_file_between_preset_and_overrides(tmp_path: Path) -> None:
     assert cfg.optim.lr == pytest.approx(2e-4)  # file beats preset
     assert cfg.optim.max_steps == 3  # override beats file
     assert cfg.seed == 11
-    assert cfg.method.coef == 5.0  # preset value not in the file survives
+    assert cfg.method.top_k == 32  # preset value not in the file survives
 
 
 def test_config_file_names_the_method(tmp_path: Path) -> None:
@@ -251,8 +253,8 @@ def test_flatten_nested() -> None:
 
 def test_flatten_of_a_run_config_has_dotted_keys() -> None:
     flat = flatten(resolve_config("rlve", "opd").model_dump(mode="json"))
-    assert flat["optim.lr"] == 1e-4
-    assert flat["method.coef"] == 5.0
+    assert flat["optim.lr"] == 3e-4
+    assert flat["method.loss"] == "forward_kl_topk"
     assert flat["domain.parameters.Sorting.N"] == 3
     assert not any(isinstance(v, dict) and v for v in flat.values())
 
@@ -369,3 +371,28 @@ def test_import_and_config_and_help_stay_light(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     heavy_line = [line for line in proc.stdout.splitlines() if line.startswith("HEAVY=")]
     assert heavy_line == ["HEAVY="], proc.stdout
+
+
+# ---------------------------------------------------------------- opsd and the loss family
+
+
+def test_opsd_teacher_is_the_student() -> None:
+    cfg = resolve_config("rlve", "opsd", overrides=["student.name=zoo:teacher"])
+    assert cfg.teacher.name == cfg.student.name == "zoo:teacher"
+    assert cfg.method.name == "opsd" and cfg.method.teacher_weights == "base"
+    assert cfg.eval.eval_teacher is False
+
+
+def test_opsd_with_another_teacher_is_an_error_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match="teacher.name=zoo:teacher but opsd's teacher is the student"):
+        resolve_config("rlve", "opsd", overrides=["teacher.name=zoo:teacher"])
+
+
+def test_loss_family_is_validated() -> None:
+    assert resolve_config("rlve", "opd", overrides=["method.loss=jsd", "method.beta=1"]).method.beta == 1.0
+    with pytest.raises(ConfigError, match="method.loss"):
+        resolve_config("rlve", "opd", overrides=["method.loss=k9"])
+    with pytest.raises(ConfigError, match="method.beta"):
+        resolve_config("rlve", "opd", overrides=["method.beta=1.5"])
+    with pytest.raises(ConfigError, match="teacher_weights"):
+        resolve_config("rlve", "opd", overrides=["method.teacher_weights=ema"])

@@ -1,11 +1,17 @@
-"""`manifest.json`: what it takes to re-create a run (config, versions, seeds, hardware, argv)."""
+"""`manifest.json`: what it takes to re-create a run (config, versions, seeds, hardware, argv).
+
+`distill archive push` adds the content hashes of what it archived (`data_hashes`,
+`checkpoint_hashes`, and `archive`: per-output DVC hashes, sizes and the redacted remote URL).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sys
 from importlib import metadata
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distill import __version__
@@ -84,3 +90,27 @@ def build_manifest(
         "models": {"student": _model_info(student), "teacher": _model_info(teacher)},
         "mlflow_run_id": mlflow_run_id,
     }
+
+
+def read_manifest(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "manifest.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path} is missing (the run never got past loading its models?)") from None
+    except ValueError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    return data
+
+
+def update_manifest(run_dir: Path, fields: dict[str, Any]) -> dict[str, Any]:
+    """Merge `fields` into manifest.json, replacing the file rather than writing into it: an archived
+    manifest may be a hardlink into the DVC cache, which an in-place write would corrupt."""
+    manifest = read_manifest(run_dir)
+    manifest.update(fields)
+    tmp = run_dir / "manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2))
+    os.replace(tmp, run_dir / "manifest.json")
+    return manifest

@@ -10,6 +10,8 @@ from typing import Annotated
 import typer
 
 from distill import __version__
+from distill.cli.archive import archive_app, reproduce
+from distill.cli.bridge import bridge_app
 
 app = typer.Typer(
     name="distill",
@@ -56,13 +58,16 @@ def run(
         list[str] | None, typer.Argument(help="dotted overrides, e.g. optim.lr=1e-5")
     ] = None,
     domain: Annotated[str | None, typer.Option(help="rlve")] = None,
-    method: Annotated[str | None, typer.Option(help="sft | opd")] = None,
+    method: Annotated[str | None, typer.Option(help="sft | opd | opsd | rose")] = None,
     config: Annotated[Path | None, typer.Option("--config", help="a YAML config file")] = None,
     resume: Annotated[
         str | None, typer.Option(help="continue a run (id or path) from its last checkpoint")
     ] = None,
     student: Annotated[str | None, typer.Option(help="student model: zoo:<name>, a path or a hub id")] = None,
     teacher: Annotated[str | None, typer.Option(help="teacher model: zoo:<name>, a path or a hub id")] = None,
+    preflight: Annotated[
+        bool, typer.Option("--preflight", help="only check prompts, templates and masks; train nothing")
+    ] = False,
 ) -> None:
     from distill.config import ConfigError, resolve_config
     from distill.settings import get_settings
@@ -81,6 +86,19 @@ def run(
     from distill.cli.report import print_run_summary
     from distill.runner import execute
 
+    if preflight:
+        from distill.methods.preflight import PreflightError
+        from distill.runner import preflight_only
+
+        if cfg is None:
+            raise fail("--preflight checks a new config; it does not combine with --resume")
+        try:
+            preflight_only(cfg, settings, say=typer.echo)
+        except PreflightError as exc:
+            raise fail(f"preflight failed: {exc}") from None
+        typer.echo("preflight passed")
+        return
+
     try:
         summary = execute(cfg, settings, argv=sys.argv, resume=resume, say=typer.echo)  # type: ignore[arg-type]
     except ConfigError as exc:
@@ -97,16 +115,35 @@ def eval_cmd(
     model: Annotated[
         str, typer.Option(help="zoo:<name>, a local path, a hub id, or runs/<id>/checkpoints/step-N")
     ],
-    domain: Annotated[str, typer.Option(help="rlve")] = "rlve",
-    n: Annotated[int, typer.Option("-n", help="samples per item (k)")] = 1,
+    domain: Annotated[str, typer.Option(help="rlve | dapo | sciworld")] = "rlve",
+    n: Annotated[
+        int | None, typer.Option("-n", help="samples per item (k); default 1, or the protocol's")
+    ] = None,
     items: Annotated[int, typer.Option(help="eval items")] = 200,
-    temperature: Annotated[float | None, typer.Option(help="default: 0 for n=1, else 0.7")] = None,
-    max_new_tokens: Annotated[int, typer.Option(help="response token budget")] = 64,
+    temperature: Annotated[
+        float | None, typer.Option(help="default: the protocol's, else 0 for n=1 and 0.7 otherwise")
+    ] = None,
+    max_new_tokens: Annotated[
+        int | None, typer.Option(help="response token budget; default the protocol's, else 64")
+    ] = None,
+    benchmark: Annotated[str | None, typer.Option(help="aime25 | hmmt25 | aime24 (--domain dapo)")] = None,
+    data: Annotated[
+        str | None, typer.Option(help="the benchmark's problems: a local file or folder (default: hub id)")
+    ] = None,
+    protocol: Annotated[
+        str | None, typer.Option(help="reference (default with --benchmark) | opsd: n, sampling, thinking")
+    ] = None,
+    top_p: Annotated[float | None, typer.Option(help="default: the protocol's, else 1.0")] = None,
+    thinking: Annotated[
+        bool | None, typer.Option("--thinking/--no-thinking", help="enable_thinking in the chat template")
+    ] = None,
 ) -> None:
     from distill.cli.evaluate import run_eval
 
     try:
-        run_eval(model, domain, n, items, temperature, max_new_tokens)
+        run_eval(
+            model, domain, n, items, temperature, max_new_tokens, benchmark, data, protocol, top_p, thinking
+        )
     except (ValueError, OSError) as exc:
         raise fail(str(exc)) from None
 
@@ -179,6 +216,10 @@ def compare(
         raise fail(str(exc)) from None
     raise typer.Exit(code)
 
+
+app.add_typer(archive_app, name="archive")
+app.add_typer(bridge_app, name="bridge")
+app.command(name="reproduce")(reproduce)
 
 zoo_app = typer.Typer(
     help="The embedded default's tiny models, built locally and cached.", no_args_is_help=True

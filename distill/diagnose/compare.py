@@ -100,13 +100,21 @@ def row_for(rec: RunRecord) -> Row:
     return Row(
         run_id=rec.name,
         domain=rec.domain,
-        method=rec.method,
+        method=_method_label(rec),
         student=_short(rec.cfg("student.name") or rec.summary.get("student")),
         teacher=_short(rec.cfg("teacher.name") or rec.summary.get("teacher")),
         steps=int(rec.summary.get("steps") or rec.train_steps()),
         metrics=_final_metrics(rec),
         curves=curves,
     )
+
+
+def _method_label(rec: RunRecord) -> str:
+    """`opd` for the default loss, `opd/k3` for a member of the loss family (method.loss)."""
+    loss = rec.cfg("method.loss")
+    if loss and loss != "token_reward_direct":
+        return f"{rec.method}/{loss}"
+    return rec.method
 
 
 def columns_for(rows: list[Row]) -> list[str]:

@@ -12,6 +12,8 @@ if TYPE_CHECKING:
 # name -> "module:attr"; the name is the folder, the CLI word and the MLflow tag.
 REGISTRY: dict[str, str] = {
     "rlve": "distill.domains.rlve:build",
+    "dapo": "distill.domains.dapo:build",
+    "sciworld": "distill.domains.sciworld:build",
 }
 
 

@@ -58,6 +58,12 @@ class Domain(ABC):
             raise ValueError(f"item {item.id} has no worked solution")
         return [(item.solution, True)]
 
+    def privileged_context(self, item: Item) -> str:
+        """What an OPSD teacher may see beyond the problem: the worked solution, else the answer."""
+        if item.solution:
+            return item.solution
+        return f"The final answer is \\boxed{{{item.answer}}}."
+
     def corpus(self) -> list[str]:
         """Texts a locally trained tokenizer should cover (prompts and solutions)."""
         texts: list[str] = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -71,7 +72,14 @@ class HFEngine:
         tokenizer = AutoTokenizer.from_pretrained(path)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, DTYPES[precision]))
+        dtype = getattr(torch, DTYPES[precision])
+        if (Path(path) / "adapter_config.json").exists():
+            # A LoRA checkpoint (lora.enabled): base weights + adapters, merged for plain inference.
+            from peft import AutoPeftModelForCausalLM
+
+            model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype).merge_and_unload()
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         model.eval()
         return cls(model, tokenizer, enable_thinking)
 
@@ -98,7 +106,7 @@ class HFEngine:
             self._prompt_cache[key] = self.encode(self.render(prompt, system))
         return list(self._prompt_cache[key])
 
-    def _left_pad(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def left_pad(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
         width = max(len(r) for r in rows)
@@ -127,7 +135,7 @@ class HFEngine:
         out: list[Completion] = []
         for start in range(0, len(prompt_ids), batch_size):
             chunk = prompt_ids[start : start + batch_size]
-            ids, mask = self._left_pad(chunk)
+            ids, mask = self.left_pad(chunk)
             sampling: dict[str, Any] = (
                 {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
                 if temperature > 0
@@ -171,7 +179,7 @@ class HFEngine:
             prompts = prompt_ids[start : start + batch_size]
             comps = completion_ids[start : start + batch_size]
             rows = [list(p) + list(c) for p, c in zip(prompts, comps, strict=True)]
-            ids, mask = self._left_pad(rows)
+            ids, mask = self.left_pad(rows)
             with torch.inference_mode():
                 logits = self.model(input_ids=ids, attention_mask=mask).logits.float()
             logprobs_B_T = torch.log_softmax(logits[:, :-1], dim=-1)

@@ -68,6 +68,7 @@ def evaluate(
                 "k": k,
                 "responses": [c.text for c in samples[:2]],
                 "truncated": sum(c.truncated for c in samples),
+                "tokens_mean": sum(len(c.ids) for c in samples) / k,
             }
         )
     return EvalResult(metrics=summarize(correct, lengths, truncated, k), rows=rows)

@@ -12,6 +12,8 @@ if TYPE_CHECKING:
 REGISTRY: dict[str, str] = {
     "sft": "distill.methods.sft:train",
     "opd": "distill.methods.opd:train",
+    "opsd": "distill.methods.opsd:train",
+    "rose": "distill.methods.rose:train",
 }
 
 

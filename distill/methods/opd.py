@@ -1,43 +1,63 @@
-"""On-policy distillation (OPD), sampled-token, on a TRL `GRPOTrainer` subclass.
+"""On-policy distillation (OPD) on a TRL `GRPOTrainer` subclass: the core OPSD reuses too.
 
 The student samples (TRL's own generation path, so vLLM works where TRL's does); the teacher
-scores the *same* token ids; the per-token advantage is
+scores the *same* token ids. With the default loss the per-token advantage is
 
     A_t = coef * (logp_teacher_t - logp_student_t)        (token_reward_direct: not normalised)
 
 and TRL's importance-sampled policy-gradient loss is applied on completion tokens only (the
-prompt is never in the loss). Student tokens, student logprobs and teacher logprobs must have
-equal lengths per sample; a mismatch is an error.
+prompt is never in the loss). The other members of the loss family (`method.loss`, see
+losses.py) replace that loss with a direct divergence on the same batch. Student tokens, student
+logprobs and teacher logprobs must have equal lengths per sample; a mismatch is an error.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from distill.methods import losses
 from distill.methods.context import RunContext
-from distill.methods.scoring import check_lengths, opd_advantages, unpad_rows
+from distill.methods.scoring import check_lengths, completion_states, opd_advantages, unpad_rows
 
 if TYPE_CHECKING:
-    from distill.config import OPDMethod
+    from distill.config import OnPolicyKL
+    from distill.methods.preflight import PromptFor
 
 
 def _zero_reward(completions: list[Any], **kwargs: Any) -> list[float]:
-    # OPD's signal is the teacher's per-token logprobs, set in _generate_and_score_completions.
+    # The signal is the teacher's per-token view, set in _generate_and_score_completions.
     return [0.0] * len(completions)
+
+
+def _right_pad(rows: Sequence[Sequence[float]], shape: torch.Size) -> torch.Tensor:
+    out_B_T = torch.zeros(shape, dtype=torch.float32)
+    for i, row in enumerate(rows):
+        out_B_T[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out_B_T
 
 
 def make_trainer_class() -> type:
     from trl import GRPOTrainer
 
     class OPDTrainer(GRPOTrainer):
-        """GRPOTrainer whose advantages are per-token teacher-student logprob gaps, [B, T]."""
+        """GRPOTrainer whose signal is the teacher's view of the student's own tokens."""
 
         distill_ctx: RunContext
+        # How the teacher sees an item (OPD: the plain problem; OPSD: with a privileged solution).
+        teacher_prompt: PromptFor
+        preflight_done = False
+
+        @property
+        def kl_config(self) -> OnPolicyKL:
+            return self.distill_ctx.config.method  # type: ignore[return-value]
 
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
             ctx = self.distill_ctx
-            method: OPDMethod = ctx.config.method  # type: ignore[assignment]
+            method = self.kl_config
             start = time.perf_counter()
             out = super()._generate_and_score_completions(inputs)
             gen_time = time.perf_counter() - start
@@ -52,15 +72,40 @@ def make_trainer_class() -> type:
 
             t0 = time.perf_counter()
             items = [ctx.extras["items"][int(x["item_index"])] for x in inputs]
-            teacher_prompts = [ctx.teacher.prompt_ids(item.prompt) for item in items]
+            teacher_prompts = [self.teacher_prompt(ctx.teacher, item) for item in items]
             teacher_rows = ctx.teacher.score(teacher_prompts, completion_rows)
-            teacher_time = time.perf_counter() - t0
             check_lengths(completion_rows, student_rows, teacher_rows)
 
             adv_B_T, stats = opd_advantages(
                 teacher_rows, student_rows, completion_mask_B_T.shape, method.coef, method.advantage_clip
             )
-            out["advantages"] = adv_B_T.to(completion_mask_B_T.device) * completion_mask_B_T
+            device = completion_mask_B_T.device
+            if method.loss == "token_reward_direct":
+                out["advantages"] = adv_B_T.to(device) * completion_mask_B_T
+            else:
+                out["advantages"] = torch.zeros_like(completion_mask_B_T, dtype=torch.float32)
+                out["teacher_logps"] = _right_pad(teacher_rows, completion_mask_B_T.shape).to(device)
+                if method.loss in ("forward_kl_topk", "jsd"):
+                    tp_ids, tp_mask = ctx.teacher.left_pad(teacher_prompts)
+                    with torch.no_grad():
+                        hidden_B_T_H = completion_states(
+                            ctx.teacher.model,
+                            tp_ids.to(device),
+                            tp_mask.to(device),
+                            out["completion_ids"],
+                            completion_mask_B_T,
+                        )
+                    if method.loss == "jsd":
+                        out["teacher_hidden"] = hidden_B_T_H
+                    else:
+                        with torch.no_grad():
+                            head = ctx.teacher.model.get_output_embeddings()
+                            logprobs_B_T_V = torch.log_softmax(head(hidden_B_T_H).float(), dim=-1)
+                            top = logprobs_B_T_V.topk(method.top_k, dim=-1)
+                        out["teacher_topk_ids"], out["teacher_topk_logps"] = top.indices, top.values
+            teacher_time = time.perf_counter() - t0
+            if ctx.config.preflight and not self.preflight_done:
+                self._preflight_first_batch(out, items, prompt_rows, completion_rows)
 
             texts = ctx.student.tokenizer.batch_decode(completion_rows, skip_special_tokens=True)
             eos = set(ctx.student.eos_ids)
@@ -97,24 +142,100 @@ def make_trainer_class() -> type:
             )
             return out
 
+        def _preflight_first_batch(
+            self,
+            out: dict[str, Any],
+            items: list[Any],
+            prompt_rows: list[list[int]],
+            completion_rows: list[list[int]],
+        ) -> None:
+            """On the real first batch: masks, and the trainer's prompt ids equal the teacher path's."""
+            from distill.methods.preflight import (
+                SELF_SCORE_TOLERANCE,
+                PreflightError,
+                check_loss_mask,
+                self_score_gap,
+            )
+
+            student = self.distill_ctx.student
+            check_loss_mask(
+                out["prompt_ids"],
+                out["prompt_mask"],
+                out["completion_ids"],
+                out["completion_mask"],
+                out["advantages"],
+                prompt_rows,
+            )
+            gap = self_score_gap(
+                student, prompt_rows, [student.prompt_ids(it.prompt) for it in items], completion_rows
+            )
+            if gap > SELF_SCORE_TOLERANCE:
+                raise PreflightError(
+                    f"self-score on the first batch: the trainer's prompt ids and the teacher path's differ "
+                    f"(max logprob gap {gap:.3g} with the student as its own teacher)"
+                )
+            self.preflight_done = True
+
+        def compute_loss(
+            self,
+            model: Any,
+            inputs: dict[str, Any],
+            return_outputs: bool = False,
+            num_items_in_batch: Any = None,
+        ) -> Any:
+            if self.kl_config.loss == "token_reward_direct":
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            return self._divergence_loss(model, inputs)
+
+        def _divergence_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+            method = self.kl_config
+            mask_B_T = inputs["completion_mask"]
+            hidden_B_T_H = completion_states(
+                model, inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"], mask_B_T
+            )
+            head = model.get_output_embeddings()
+            if method.loss == "jsd":
+                teacher_head = self.distill_ctx.teacher.model.get_output_embeddings()
+                return losses.jsd_loss(
+                    hidden_B_T_H, inputs["teacher_hidden"], head, teacher_head, mask_B_T, method.beta
+                )
+            logprobs_B_T_V = torch.log_softmax(head(hidden_B_T_H).float(), dim=-1)
+            if method.loss == "forward_kl_topk":
+                per_token_B_T = losses.topk_forward_kl_per_token(
+                    logprobs_B_T_V, inputs["teacher_topk_ids"], inputs["teacher_topk_logps"], method.topk_tail
+                )
+                self.distill_ctx.log.add(
+                    {
+                        "kl/topk_overlap": losses.topk_overlap(
+                            logprobs_B_T_V.detach(), inputs["teacher_topk_ids"], mask_B_T
+                        )
+                    }
+                )
+            else:
+                logp_S_B_T = logprobs_B_T_V.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+                per_token_B_T = losses.direct_kl_per_token(method.loss, logp_S_B_T, inputs["teacher_logps"])
+            return losses.masked_mean(per_token_B_T, mask_B_T)
+
     return OPDTrainer
 
 
-def train(ctx: RunContext) -> None:
+def train_on_policy(ctx: RunContext, teacher_prompt: PromptFor, callbacks: Sequence[Any] = ()) -> None:
+    """The loop OPD and OPSD share; they differ in the teacher and how it sees the problem."""
     from datasets import Dataset
     from trl import GRPOConfig
 
     from distill.methods.callbacks import DistillCallback, quiet, trainer_common_args
 
     cfg = ctx.config
-    if ctx.student.tokenizer.get_vocab() != ctx.teacher.tokenizer.get_vocab():
-        raise ValueError(
-            "opd needs student and teacher to share a tokenizer (the teacher scores the student's token "
-            f"ids); {cfg.student.name} and {cfg.teacher.name} differ. Use --method rose for cross-family pairs."
-        )
     items = ctx.domain.train_items()
     ctx.extras["items"] = items
-    rows = [{"prompt": ctx.student.render(item.prompt), "item_index": i} for i, item in enumerate(items)]
+    # Conversational prompts: TRL renders them with the chat template and tokenises without adding
+    # special tokens again, exactly as HFEngine.prompt_ids does for the teacher (see preflight).
+    rows = [
+        {"prompt": [{"role": "user", "content": item.prompt}], "item_index": i}
+        for i, item in enumerate(items)
+    ]
+    thinking = ctx.student.enable_thinking
     per_step = cfg.rollout.prompts_per_step * cfg.rollout.num_generations
     args = GRPOConfig(
         **trainer_common_args(ctx),
@@ -131,16 +252,50 @@ def train(ctx: RunContext) -> None:
         mask_truncated_completions=False,
         shuffle_dataset=True,
         log_completions=False,
+        chat_template_kwargs={} if thinking is None else {"enable_thinking": thinking},
     )
-    trainer_cls = make_trainer_class()
-    trainer = trainer_cls(
+    trainer = make_trainer_class()(
         model=ctx.student.model,
         reward_funcs=[_zero_reward],
         args=args,
         train_dataset=Dataset.from_list(rows),
         processing_class=ctx.student.tokenizer,
-        callbacks=[DistillCallback(ctx)],
+        callbacks=[DistillCallback(ctx), *callbacks],
+        peft_config=lora_config(cfg),
     )
     trainer.distill_ctx = ctx
+    trainer.teacher_prompt = teacher_prompt
     quiet(trainer).train(resume_from_checkpoint=str(ctx.resume_from) if ctx.resume_from else None)
-    ctx.student.model = trainer.model
+    model = trainer.model
+    if cfg.lora.enabled:
+        # Evals and the final checkpoint see plain weights; the adapters live in step-N folders.
+        model = model.merge_and_unload()
+    ctx.student.model = model
+
+
+def lora_config(cfg: Any) -> Any:
+    if not cfg.lora.enabled:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=cfg.lora.rank,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=list(cfg.lora.targets),
+        task_type="CAUSAL_LM",
+    )
+
+
+def train(ctx: RunContext) -> None:
+    cfg = ctx.config
+    if ctx.student.tokenizer.get_vocab() != ctx.teacher.tokenizer.get_vocab():
+        raise ValueError(
+            "opd needs student and teacher to share a tokenizer (the teacher scores the student's token "
+            f"ids); {cfg.student.name} and {cfg.teacher.name} differ. Use --method rose for cross-family pairs."
+        )
+    train_on_policy(ctx, plain_prompt)
+
+
+def plain_prompt(engine: Any, item: Any) -> list[int]:
+    return list(engine.prompt_ids(item.prompt))

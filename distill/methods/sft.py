@@ -11,6 +11,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
+from distill.methods.budget import teacher_budget
 from distill.methods.context import RunContext
 
 if TYPE_CHECKING:
@@ -61,6 +62,40 @@ def write_trajectories(ctx: RunContext) -> list[dict[str, Any]]:
     return rows
 
 
+def check_budget(ctx: RunContext, rows: list[dict[str, Any]], kept: list[dict[str, Any]]) -> None:
+    """Log the teacher's budget figures (step 0) and stop when nothing is left to train on.
+
+    The budget is rollout.max_new_tokens; the figures cover every trajectory the teacher wrote,
+    in its own tokens, and are logged before anything can stop the run: a truncated teacher is
+    the usual reason nothing passes the verifier.
+    """
+    cfg = ctx.config
+    budget = teacher_budget(
+        [r["tokens"] for r in rows], [r["truncated"] for r in rows], cfg.rollout.max_new_tokens
+    )
+    ctx.log.write(
+        0,
+        {
+            **budget,
+            "teacher/verified_rate": sum(r["correct"] for r in rows) / len(rows),
+            "teacher/kept_trajectories": float(len(kept)),
+        },
+    )
+    ctx.log.samples(0, rows[: cfg.tracking.sample_rows])
+    if not kept:
+        truncated = sum(r["truncated"] for r in rows)
+        cause = (
+            f"; {truncated} of {len(rows)} ended at rollout.max_new_tokens={cfg.rollout.max_new_tokens} "
+            "without EOS (raise it)"
+            if truncated
+            else ""
+        )
+        raise ValueError(
+            "sft: no teacher trajectory passed the verifier; the teacher cannot solve these prompts"
+            f"{cause} (set method.keep_verified_only=false to train on them anyway)"
+        )
+
+
 def train(ctx: RunContext) -> None:
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
@@ -71,21 +106,7 @@ def train(ctx: RunContext) -> None:
     method: SFTMethod = cfg.method  # type: ignore[assignment]
     rows = write_trajectories(ctx)
     kept = [r for r in rows if r["correct"]] if method.keep_verified_only else rows
-    if not kept:
-        raise ValueError(
-            "sft: no teacher trajectory passed the verifier; the teacher cannot solve these prompts "
-            "(set method.keep_verified_only=false to train on them anyway)"
-        )
-    tokens = [r["tokens"] for r in rows]
-    budget_stats = {
-        "teacher/truncation_rate": sum(r["truncated"] for r in rows) / len(rows),
-        "teacher/ce_target_tokens_mean": sum(tokens) / len(tokens),
-        "teacher/ce_target_tokens_max": float(max(tokens)),
-        "teacher/ce_target_share": (sum(tokens) / len(tokens)) / cfg.rollout.max_new_tokens,
-        "teacher/verified_rate": sum(r["correct"] for r in rows) / len(rows),
-        "teacher/kept_trajectories": float(len(kept)),
-    }
-    ctx.log.write(0, budget_stats)
+    check_budget(ctx, rows, kept)
     dataset = Dataset.from_list(
         [{"prompt": ctx.student.render(r["prompt"]), "completion": r["completion"]} for r in kept]
     )

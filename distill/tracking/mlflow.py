@@ -81,8 +81,13 @@ def _connect(uri: str, experiment: str, artifact_root: Path | None) -> tuple[Mlf
         client = MlflowClient(tracking_uri=uri)
         return client, _get_or_create_experiment(client, experiment, artifact_root)
 
+    import logging
+
     from filelock import FileLock
 
+    # "Creating initial MLflow database tables..." is mlflow's business, not the user's.
+    for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     # Two processes creating a fresh DB at once race inside mlflow's alembic migrations.
     db_path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(db_path) + ".lock"):

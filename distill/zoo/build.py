@@ -20,7 +20,21 @@ if TYPE_CHECKING:
     from distill.domains.base import Domain
 
 # Domain settings that change the data a zoo model is trained on.
-_DATA_FIELDS = ("name", "environments", "parameters", "train_size", "eval_size", "eval_seed")
+_DATA_FIELDS = (
+    "name",
+    "environments",
+    "parameters",
+    "tasks",
+    "train_size",
+    "eval_size",
+    "eval_seed",
+    # dapo: the training source and the embedded generator's settings.
+    "data",
+    "seed",
+    "min_steps",
+    "max_steps",
+    "max_value",
+)
 
 
 def _lookup(name: str, recipes: Mapping[str, Recipe]) -> Recipe:
@@ -86,7 +100,12 @@ def ensure_built(
             extra = _build_tokenizer(recipe, domain, tmp)
         else:
             tok_dir = ensure_built(root, recipe.tokenizer, domain_config, show_progress, recipes)
-            extra = _build_model(name, recipe, domain, tok_dir, tmp, show_progress)
+            # Multi-turn domains (sciworld) train on whole episodes and evaluate by playing them.
+            builder = getattr(domain, "build_zoo_model", None)
+            if builder is not None:
+                extra = builder(name, recipe, tok_dir, tmp, show_progress)
+            else:
+                extra = _build_model(name, recipe, domain, tok_dir, tmp, show_progress)
         entry = ZooEntry(
             name=name,
             domain=domain_config.name,

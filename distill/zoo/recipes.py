@@ -57,6 +57,20 @@ RECIPES: dict[str, Recipe] = {
         batch_size=64,
         corrupt_prob=0.3,
     ),
+    # The other tokenizer family: with zoo:student it is the cross-family pair (ROSE via the bridge).
+    "teacher-llama": ModelRecipe(
+        arch="llama",
+        tokenizer="tok-llama",
+        hidden=128,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        intermediate=384,
+        steps=400,
+        lr=3e-3,
+        batch_size=64,
+        corrupt_prob=0.3,
+    ),
     "student": ModelRecipe(
         arch="qwen3",
         tokenizer="tok-qwen",

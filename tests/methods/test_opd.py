@@ -17,13 +17,22 @@ from distill.tracking.base import NullTracker
 pytestmark = pytest.mark.integration
 
 
-def _context(tmp_path: Path, tiny_zoo, student: HFEngine, teacher: HFEngine, lr: float) -> RunContext:
+def _context(
+    tmp_path: Path,
+    tiny_zoo,
+    student: HFEngine,
+    teacher: HFEngine,
+    lr: float,
+    loss: str = "token_reward_direct",
+    top_k: int = 8,
+    steps: int = 1,
+) -> RunContext:
     config = RunConfig.model_validate(
         {
             "domain": tiny_zoo.domain.model_dump(),
-            "method": OPDMethod(coef=1.0).model_dump(),
+            "method": OPDMethod(coef=1.0, loss=loss, top_k=top_k).model_dump(),
             "rollout": {"prompts_per_step": 4, "num_generations": 2, "max_new_tokens": 16},
-            "optim": {"lr": lr, "max_steps": 1},
+            "optim": {"lr": lr, "max_steps": steps},
             "checkpoint": {"every_steps": 0},
             "seed": 3,
         }
@@ -45,12 +54,16 @@ def _step_metrics(run_dir: Path) -> dict[str, float]:
     return rows[-1]
 
 
-def test_student_equal_teacher_gives_zero_advantage_and_loss(tmp_path: Path, tiny_zoo) -> None:
+LOSSES = ["token_reward_direct", "k1", "k3", "forward_kl_topk", "jsd"]
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_student_equal_teacher_gives_zero_advantage_and_loss(tmp_path: Path, tiny_zoo, loss: str) -> None:
     from distill.methods.opd import train
 
     student = HFEngine.load(str(tiny_zoo.teacher))
     teacher = HFEngine.load(str(tiny_zoo.teacher))
-    ctx = _context(tmp_path, tiny_zoo, student, teacher, lr=1e-3)
+    ctx = _context(tmp_path, tiny_zoo, student, teacher, lr=1e-3, loss=loss)
     before = {k: v.clone() for k, v in student.model.state_dict().items()}
     train(ctx)
     metrics = _step_metrics(ctx.run_dir)
@@ -58,6 +71,10 @@ def test_student_equal_teacher_gives_zero_advantage_and_loss(tmp_path: Path, tin
     assert abs(metrics["kl/reverse_kl_mean"]) < 1e-4
     assert abs(metrics["kl/advantage_mean"]) < 1e-4
     assert abs(metrics["train/loss"]) < 1e-4
+    if loss != "token_reward_direct":
+        # A divergence of ~1e-7 (float noise between two scoring layouts) still has a gradient that
+        # Adam rescales to lr size: the weights are only pinned where the advantage is exactly 0.
+        return
     # Zero advantage: the policy-gradient update leaves the weights where they were.
     after = ctx.student.model.state_dict()
     drift = max((after[k].float() - before[k].float()).abs().max().item() for k in before)
@@ -65,13 +82,18 @@ def test_student_equal_teacher_gives_zero_advantage_and_loss(tmp_path: Path, tin
 
 
 def _mean_logprob_of(engine: HFEngine, prompt_ids: list[list[int]], token: int) -> float:
-    ids, mask = engine._left_pad(prompt_ids)
+    ids, mask = engine.left_pad(prompt_ids)
     with torch.no_grad():
         logits = engine.model(input_ids=ids, attention_mask=mask).logits[:, -1].float()
     return torch.log_softmax(logits, -1)[:, token].mean().item()
 
 
-def test_teacher_preferring_a_token_raises_the_students_logprob_of_it(tmp_path: Path, tiny_zoo) -> None:
+# jsd reads the teacher's head weights directly (TRL's chunked kernel), so a forward hook on the
+# head cannot make it prefer a token; its direction is tested on the kernel in test_losses.py.
+@pytest.mark.parametrize("loss", ["token_reward_direct", "k1", "k3", "forward_kl_topk"])
+def test_teacher_preferring_a_token_raises_the_students_logprob_of_it(
+    tmp_path: Path, tiny_zoo, loss: str
+) -> None:
     from distill.methods.opd import train
 
     student = HFEngine.load(str(tiny_zoo.student))
@@ -86,7 +108,10 @@ def test_teacher_preferring_a_token_raises_the_students_logprob_of_it(tmp_path: 
         return output
 
     teacher.model.lm_head.register_forward_hook(prefer_x)
-    ctx = _context(tmp_path, tiny_zoo, student, teacher, lr=3e-2)
+    # Adam's first step is lr * sign(grad) per weight; a few steps let the forward-KL variant's
+    # gradient (spread over the teacher's top-k at every position) show its direction.
+    steps = 3 if loss == "forward_kl_topk" else 1
+    ctx = _context(tmp_path, tiny_zoo, student, teacher, lr=3e-2, loss=loss, top_k=4, steps=steps)
     probe = [student.prompt_ids(item.prompt) for item in ctx.domain.eval_items()[:8]]
     before = _mean_logprob_of(student, probe, x)
     train(ctx)

@@ -20,7 +20,7 @@ from distill.domains.rlve.solutions import solution_segments, worked_solution
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from distill.config import DomainConfig
+    from distill.config import RLVEDomainConfig
 
 ANSWER_MARKERS = (r"\boxed{", "}")
 ANSWER_INSTRUCTION = "\n\nPut your final answer in \\boxed{}."
@@ -72,7 +72,7 @@ def _generate_one(env: Any, seed: int, parameter: dict[str, Any]) -> bool:
 class RLVEDomain(Domain):
     name = "rlve"
 
-    def __init__(self, config: DomainConfig) -> None:
+    def __init__(self, config: RLVEDomainConfig) -> None:
         if not config.environments:
             raise ValueError("domain.environments: give at least one rlve-gym environment")
         self.config = config
@@ -161,5 +161,5 @@ class RLVEDomain(Domain):
         )
 
 
-def build(config: DomainConfig) -> RLVEDomain:
+def build(config: RLVEDomainConfig) -> RLVEDomain:
     return RLVEDomain(config)

@@ -1,0 +1,359 @@
+"""`distill archive push | pull | ls | verify`: a run's checkpoints, data, samples, evals and manifest
+in DVC-managed storage, pushed to a DVC remote, verified by content hash.
+
+What a run archives (each a DVC output with its own `.dvc` file beside it in the run directory):
+`checkpoints/`, `data/` (teacher trajectories and the materialised prompt sets the run trained and
+was evaluated on, copied into `data/prompts/`), `samples/`, `eval/`, and last `manifest.json`,
+which by then carries the hashes of the others. After a successful push `archive.json` records
+the remote and the hashes; the same hashes go onto the MLflow run as `archive.*` tags.
+
+A push killed mid-upload leaves the `.dvc` files and the cache complete (DVC writes them before
+uploading) and no `archive.json`: running it again uploads what the remote lacks and records it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from distill.archive.dvcrepo import ArchiveError, ArchiveRepo
+from distill.archive.hashing import (
+    checkpoint_hashes,
+    content_md5,
+    diff_listings,
+    dir_listing,
+    listing_md5,
+    read_listing,
+)
+from distill.archive.manifest import read_manifest, update_manifest
+
+if TYPE_CHECKING:
+    from distill.config import RunConfig
+    from distill.settings import Settings
+
+DIRS = ("checkpoints", "data", "samples", "eval")
+MANIFEST = "manifest.json"
+RECORD = "archive.json"
+# Outputs the runner may write again (a resumed run re-evaluates and re-samples): plain copies,
+# never hardlinks into the cache, so such a write cannot alter archived content.
+MUTABLE = ("data", "samples", "eval", MANIFEST)
+
+
+def read_record(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / RECORD
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def _run_config(run_dir: Path) -> RunConfig:
+    from distill.config import load_run_config
+
+    return load_run_config(run_dir / "config.yaml")
+
+
+def materialise_prompts(run_dir: Path, config: RunConfig) -> list[Path]:
+    """Copy the run's materialised prompt sets (`<workspace>/data/<domain>-<split>-<key>.jsonl`, the
+    exact items it trained and was evaluated on) into `<run>/data/prompts/`; regenerate them first
+    when the workspace no longer has them (generation is deterministic in the domain config)."""
+    from distill.settings import get_settings
+
+    # Where and under which key `distill.domains.base.cached_items` files a domain config's items.
+    data_dir = get_settings().workspace / "data"
+    blob = json.dumps(config.domain.model_dump(mode="json"), sort_keys=True).encode()
+    key = hashlib.sha256(blob).hexdigest()[:12]
+    pattern = f"{config.domain.name}-*-{key}.jsonl"
+    found = sorted(data_dir.glob(pattern))
+    if not found:
+        from distill.domains import build_domain
+
+        domain = build_domain(config.domain)
+        domain.train_items()
+        domain.eval_items()
+        found = sorted(data_dir.glob(pattern))
+    target = run_dir / "data" / "prompts"
+    target.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for src in found:
+        dest = target / src.name
+        if not dest.exists():
+            tmp = run_dir / f".{src.name}.tmp"  # outside data/: a killed copy is never archived
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dest)
+        copied.append(dest)
+    return copied
+
+
+def _output_info(stage: Any) -> tuple[str, dict[str, Any]]:
+    out = stage.outs[0]
+    return Path(out.fs_path).name, {
+        "md5": out.hash_info.value,
+        "size": out.meta.size,
+        "nfiles": out.meta.nfiles,
+    }
+
+
+def _cached_listing(archive: ArchiveRepo, md5: str) -> list[dict[str, str]] | None:
+    return read_listing(Path(archive.repo.cache.local.oid_to_path(md5)))
+
+
+def _unprotect(archive: ArchiveRepo, run_dir: Path, names: list[str]) -> None:
+    for name in names:
+        path = run_dir / name
+        if name in MUTABLE and path.exists():
+            archive.repo.unprotect(str(path))
+
+
+def mlflow_tags(record: dict[str, Any]) -> dict[str, str]:
+    tags = {"archive.remote": record["remote_url"], "archive.dvc_root": record["dvc_root"]}
+    for name, info in record["outputs"].items():
+        tags[f"archive.md5.{name}"] = info["md5"]
+    return tags
+
+
+def _open_mlflow(uri: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+
+
+def preload_mlflow(run_dirs: list[Path]) -> threading.Thread:
+    """Import mlflow and open the runs' stores on a thread while DVC hashes and uploads.
+
+    Importing mlflow and opening a sqlite store costs 3-6 s of Python, about what DVC needs to hash
+    and push 500 MB; md5 and file copies release the GIL, so on two cores the tags cost little wall
+    time instead of adding it (benchmarks/archive_push.py). A failure here only loses the head start.
+    """
+    from distill.runner import read_summary
+
+    summaries = [read_summary(d) for d in run_dirs]
+    uris = {str(s.get("tracking_uri")) for s in summaries if s.get("mlflow_run_id") and s.get("tracking_uri")}
+
+    def work() -> None:
+        for uri in uris:
+            with contextlib.suppress(Exception):
+                _open_mlflow(uri)
+
+    thread = threading.Thread(target=work, name="mlflow-preload", daemon=True)
+    thread.start()
+    return thread
+
+
+def _tag_mlflow(run_dir: Path, record: dict[str, Any]) -> str:
+    """Hashes and remote as tags on the run's MLflow run, the updated manifest as its artifact."""
+    from distill.runner import read_summary
+
+    summary = read_summary(run_dir)
+    run_id, uri = summary.get("mlflow_run_id"), summary.get("tracking_uri")
+    if not run_id or not uri:
+        return "no MLflow run recorded in summary.json"
+    from mlflow.entities import RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in mlflow_tags(record).items()])
+    client.log_artifact(run_id, str(run_dir / MANIFEST))
+    return f"MLflow run {run_id}"
+
+
+def _check_finished(run_dir: Path) -> None:
+    from distill.runner import live_status, read_summary
+
+    status = live_status(read_summary(run_dir))
+    if status != "FINISHED":
+        raise ArchiveError(
+            f"run {run_dir.name} is {status}; only FINISHED runs are archived (its files may still change)"
+        )
+
+
+@dataclass
+class PushResult:
+    run_id: str
+    uploaded: int
+    record: dict[str, Any]
+    mlflow: str
+
+
+def push_run(archive: ArchiveRepo, run_dir: Path, jobs: int | None = None) -> PushResult:
+    _check_finished(run_dir)
+    config = _run_config(run_dir)
+    manifest = read_manifest(run_dir)
+    materialise_prompts(run_dir, config)
+    targets = [str(run_dir / name) for name in DIRS if (run_dir / name).is_dir()]
+    outputs = dict(_output_info(stage) for stage in archive.repo.add(targets))
+    hashes: dict[str, Any] = {}
+    if "checkpoints" in outputs:
+        listing = _cached_listing(archive, outputs["checkpoints"]["md5"]) or []
+        hashes["checkpoint_hashes"] = checkpoint_hashes(listing)
+    if "data" in outputs:
+        listing = _cached_listing(archive, outputs["data"]["md5"]) or []
+        hashes["data_hashes"] = {row["relpath"]: row["md5"] for row in listing}
+    section = {"remote": archive.remote_url, "dvc_root": str(archive.root), "outputs": outputs}
+    # Nothing time-dependent goes in: an unchanged run yields a byte-identical manifest (idempotent).
+    if any(manifest.get(k) != v for k, v in {**hashes, "archive": section}.items()):
+        update_manifest(run_dir, {**hashes, "archive": section})
+    name, info = _output_info(archive.repo.add([str(run_dir / MANIFEST)])[0])
+    outputs = {**outputs, name: info}
+    _unprotect(archive, run_dir, list(outputs))
+    uploaded = archive.repo.push(
+        targets=[str(run_dir / name) for name in outputs], remote=archive.remote, jobs=jobs
+    )
+    record = {
+        "run_id": run_dir.name,
+        "remote": archive.remote,
+        "remote_url": archive.remote_url,
+        "dvc_root": str(archive.root),
+        "own_repo": archive.own,
+        "pushed_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "uploaded": uploaded,
+        "outputs": outputs,
+        "mlflow_run_id": manifest.get("mlflow_run_id"),
+    }
+    mlflow = _tag_mlflow(run_dir, record)
+    _write_json(run_dir / RECORD, record)
+    return PushResult(run_dir.name, uploaded, record, mlflow)
+
+
+def unarchived_runs(settings: Settings, remote_url: str) -> list[Path]:
+    """FINISHED runs with no completed push to `remote_url`."""
+    from distill.runner import live_status, read_summary
+
+    runs = sorted(p for p in settings.runs_dir.glob("*") if (p / "config.yaml").exists())
+    out = []
+    for run_dir in runs:
+        if live_status(read_summary(run_dir)) != "FINISHED" or not (run_dir / MANIFEST).exists():
+            continue
+        record = read_record(run_dir)
+        if record is None or record.get("remote_url") != remote_url:
+            out.append(run_dir)
+    return out
+
+
+@dataclass
+class Check:
+    """One archived output: the hash recorded at push time against the files on disk now."""
+
+    name: str
+    recorded: str
+    actual: str | None
+    dvc: str | None
+    details: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.actual == self.recorded and self.dvc == self.recorded
+
+
+def _dvcfile_md5(path: Path) -> str | None:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+        return str(data["outs"][0]["md5"])
+    except (OSError, KeyError, IndexError, TypeError, yaml.YAMLError):
+        return None
+
+
+def recorded_outputs(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """What was archived: archive.json (a completed push), else the manifest plus `.dvc` files."""
+    record = read_record(run_dir)
+    if record is not None:
+        return dict(record["outputs"])
+    manifest_path = run_dir / MANIFEST
+    outputs: dict[str, dict[str, Any]] = {}
+    if manifest_path.exists():
+        outputs.update(json.loads(manifest_path.read_text()).get("archive", {}).get("outputs", {}))
+    md5 = _dvcfile_md5(run_dir / f"{MANIFEST}.dvc")
+    if md5 is not None:
+        outputs[MANIFEST] = {"md5": md5}
+    if not outputs:
+        raise ArchiveError(f"run {run_dir.name} has not been archived (no {RECORD}, no archive record)")
+    return outputs
+
+
+def verify_run(archive: ArchiveRepo | None, run_dir: Path) -> list[Check]:
+    """Re-hash every archived file and compare with the recorded hashes and the `.dvc` files."""
+    checks = []
+    for name, info in recorded_outputs(run_dir).items():
+        path = run_dir / name
+        check = Check(name, str(info["md5"]), None, _dvcfile_md5(run_dir / f"{name}.dvc"))
+        if path.is_dir():
+            listing = dir_listing(path)
+            check.actual = listing_md5(listing)
+            if check.actual != check.recorded and archive is not None:
+                recorded = _cached_listing(archive, check.recorded)
+                if recorded is not None:
+                    check.details = {k: v for k, v in diff_listings(recorded, listing).items() if v}
+        elif path.exists():
+            check.actual = content_md5(path)
+        checks.append(check)
+    return checks
+
+
+def _changed_locally(check: Check) -> bool:
+    if check.actual is None or check.actual == check.recorded:
+        return False
+    if check.actual.endswith(".dir") and check.details:
+        return bool(check.details.get("modified") or check.details.get("added"))
+    return True
+
+
+def pull_run(archive: ArchiveRepo, run_dir: Path, jobs: int | None = None) -> list[Check]:
+    """Restore a run's archived outputs from the cache or the remote, then verify them."""
+    from dvc.exceptions import CheckoutError
+
+    outputs = recorded_outputs(run_dir)
+    missing = [f"{name}.dvc" for name in outputs if not (run_dir / f"{name}.dvc").exists()]
+    if missing:
+        raise ArchiveError(f"run {run_dir.name}: {', '.join(missing)} missing; cannot tell DVC what to pull")
+    # Never overwrite local work: files that exist and differ from the archive stop the pull
+    # (files merely missing are what a pull is for).
+    changed = [c.name for c in verify_run(archive, run_dir) if _changed_locally(c)]
+    if changed:
+        raise ArchiveError(
+            f"run {run_dir.name}: local {', '.join(changed)} differ from the archive "
+            f"(distill archive verify {run_dir.name}); move them away and pull again"
+        )
+    try:
+        archive.repo.pull(targets=[str(run_dir / name) for name in outputs], remote=archive.remote, jobs=jobs)
+    except CheckoutError as exc:
+        raise ArchiveError(f"run {run_dir.name}: {exc}") from None
+    _unprotect(archive, run_dir, list(outputs))
+    return verify_run(archive, run_dir)
+
+
+def archived_runs(settings: Settings) -> list[dict[str, Any]]:
+    """One row per run with a completed push: sizes, file counts, remote, local presence."""
+    from distill.runner import live_status, read_summary
+
+    rows = []
+    for run_dir in sorted(settings.runs_dir.glob("*")) if settings.runs_dir.exists() else []:
+        record = read_record(run_dir)
+        if record is None:
+            continue
+        outputs = record["outputs"]
+        rows.append(
+            {
+                "run_id": run_dir.name,
+                "status": live_status(read_summary(run_dir)),
+                "size": sum(int(o.get("size") or 0) for o in outputs.values()),
+                "files": sum(int(o.get("nfiles") or 1) for o in outputs.values()),
+                "outputs": sorted(outputs),
+                "local": all((run_dir / name).exists() for name in outputs),
+                "remote": record["remote_url"],
+                "pushed_at": record["pushed_at"],
+            }
+        )
+    return rows

@@ -1,0 +1,209 @@
+"""SciWorld: multi-turn agent episodes on the real ScienceWorld simulator (`scienceworld`).
+
+Items are (task, variation) pairs named by their AgentGym index (`sciworld_<idx>`); training
+items come from the simulator's train variations of `domain.tasks`, eval items from its test
+variations. An item's `solution` is its gold trajectory in the AgentGym format (the simulator's
+gold action sequence played through the simulator, observations included), materialised once
+in the workspace: it is what the embedded teacher is trained on and what the tokenizer covers.
+
+Episodes are played with `play()` across an `EnvPool` (one JVM per worker process).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from distill.domains.base import Domain, Item, Score, cached_items
+from distill.domains.sciworld.index import IndexEntry, build_index, task_name
+from distill.domains.sciworld.prompt import FIRST_REPLY, INSTRUCTION, first_observation, format_response
+
+if TYPE_CHECKING:
+    from distill.config import SciWorldDomainConfig
+    from distill.domains.sciworld.pool import EnvPool
+
+
+def item_of(entry: IndexEntry) -> Item:
+    return Item(
+        id=entry.item_id,
+        prompt="",
+        answer="",
+        meta={
+            "index": entry.index,
+            "task_id": entry.task_id,
+            "task_name": entry.task_name,
+            "variation": entry.variation,
+        },
+    )
+
+
+class SciWorldDomain(Domain):
+    name = "sciworld"
+
+    def __init__(self, config: SciWorldDomainConfig, pool: EnvPool | None = None) -> None:
+        if not config.tasks:
+            raise ValueError("domain.tasks: give at least one ScienceWorld task id (e.g. 4-2)")
+        for task in config.tasks:
+            try:
+                task_name(task)
+            except ValueError as exc:
+                raise ValueError(f"domain.tasks: {exc}") from None
+        self.config = config
+        # A pool handed in is borrowed: close() leaves it running for its owner.
+        self._pool: EnvPool | None = pool
+        self._owns_pool = pool is None
+
+    # -- simulators ----------------------------------------------------------------------
+    def pool(self) -> EnvPool:
+        """The domain's worker pool, started on first use and reused (close() stops it)."""
+        from distill.domains.sciworld.pool import EnvPool
+
+        if self._pool is None:
+            cfg = self.config
+            self._pool = EnvPool(cfg.pool_size, cfg.java_heap, cfg.env_step_limit, cfg.step_timeout_s)
+            self._owns_pool = True
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None and self._owns_pool:
+            self._pool.close()
+            self._pool = None
+
+    @cached_property
+    def _simulator_facts(self) -> dict[str, Any]:
+        """Variation counts of every task and the train/test splits of `domain.tasks`."""
+        from distill.domains.sciworld.index import task_table
+
+        def make() -> list[Item]:
+            pool = self.pool()
+            names = list(task_table().values())
+            counts = pool.call(0, "max_variations", names)
+            splits = {task: pool.call(0, "splits", task_name(task)) for task in self.config.tasks}
+            return [Item(id="facts", prompt="", answer="", meta={"counts": counts, "splits": splits})]
+
+        facts_config = self.config.model_copy(update={"train_size": 1, "eval_size": 1})
+        return cached_items(facts_config, "simulator", make)[0].meta
+
+    def agentgym_index(self) -> list[IndexEntry]:
+        return build_index(self._simulator_facts["counts"])
+
+    def _entries(self, split: str, count: int, seed: int) -> list[IndexEntry]:
+        index = self.agentgym_index()
+        by_key = {(e.task_id, e.variation): e for e in index}
+        per_task = []
+        for task in self.config.tasks:
+            variations = self._simulator_facts["splits"][task][split]
+            entries = [by_key[(task, v)] for v in variations if (task, v) in by_key]
+            random.Random(f"{seed}-{task}").shuffle(entries)
+            per_task.append(entries)
+        # Interleave the tasks so any prefix of the list covers all of them.
+        out: list[IndexEntry] = []
+        while len(out) < count and any(per_task):
+            for entries in per_task:
+                if entries and len(out) < count:
+                    out.append(entries.pop())
+        return out
+
+    # -- items ---------------------------------------------------------------------------
+    @cached_property
+    def _train(self) -> list[Item]:
+        return cached_items(
+            self.config,
+            "train",
+            lambda: self.with_gold([item_of(e) for e in self._entries("train", self.config.train_size, 0)]),
+        )
+
+    @cached_property
+    def _eval(self) -> list[Item]:
+        return cached_items(
+            self.config,
+            "eval",
+            # Eval items need no gold play: the model plays them.
+            lambda: [item_of(e) for e in self._entries("test", self.config.eval_size, self.config.eval_seed)],
+        )
+
+    def train_items(self) -> list[Item]:
+        return self._train
+
+    def eval_items(self) -> list[Item]:
+        return self._eval
+
+    def with_gold(self, items: list[Item]) -> list[Item]:
+        """Items with their gold trajectory (played through the simulator) as `solution`."""
+        from distill.domains.sciworld.play import GoldAgent, PlayConfig, play
+
+        # Text only (tokenizer None): no model reads these episodes.
+        agent = GoldAgent()
+        episodes = play(
+            self.pool(),
+            items,
+            lambda ep: agent,
+            None,
+            None,
+            PlayConfig(max_turns=self.config.env_step_limit, gold=True),
+        )
+        out = []
+        for item, ep in zip(items, episodes, strict=True):
+            if ep.error is not None:
+                raise RuntimeError(f"sciworld: gold trajectory of {item.id} failed: {ep.error}")
+            steps = [{"action": t.action, "observation": t.observation} for t in ep.turns]
+            meta = {**item.meta, "gold_score": ep.score, "first": ep.first_observation, "steps": steps}
+            out.append(
+                Item(
+                    id=item.id,
+                    prompt=ep.first_observation,
+                    answer=str(ep.score),
+                    solution=json.dumps(steps),
+                    meta=meta,
+                )
+            )
+        return out
+
+    # -- Domain API ----------------------------------------------------------------------
+    def score(self, item: Item, response: str) -> Score:
+        raise NotImplementedError(
+            "sciworld is multi-turn: episodes are scored by the simulator (distill.domains.sciworld.play)"
+        )
+
+    def corpus(self) -> list[str]:
+        texts = [INSTRUCTION, FIRST_REPLY]
+        for item in self.train_items():
+            texts.append(item.prompt)
+            for step in item.meta.get("steps", []):
+                texts.append(format_response(step["action"]))
+                texts.append(step["observation"])
+        self.close()  # the items are materialised; no JVM needs to wait for the tokenizer
+        return texts
+
+    def build_zoo_model(self, name: str, recipe: Any, tok_dir: Any, out: Any, show_progress: bool) -> dict:
+        """The zoo's hook: train a tiny agent on gold episodes and score it by playing."""
+        from distill.domains.sciworld.zoo import build_agent
+
+        try:
+            return build_agent(self, name, recipe, tok_dir, out, show_progress)
+        finally:
+            self.close()
+
+
+def gold_messages(item: Item) -> list[dict[str, str]]:
+    """An item's gold trajectory as AgentGym chat messages (after the fixed first reply)."""
+    messages = [
+        {"role": "user", "content": INSTRUCTION},
+        {"role": "assistant", "content": FIRST_REPLY},
+        {"role": "user", "content": item.meta["first"]},
+    ]
+    steps = item.meta["steps"]
+    for i, step in enumerate(steps):
+        messages.append({"role": "assistant", "content": format_response(step["action"])})
+        if i + 1 < len(steps):
+            messages.append({"role": "user", "content": step["observation"]})
+    return messages
+
+
+def build(config: SciWorldDomainConfig) -> SciWorldDomain:
+    return SciWorldDomain(config)
+
+
+__all__ = ["SciWorldDomain", "build", "first_observation", "gold_messages", "item_of"]

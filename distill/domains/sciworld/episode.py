@@ -1,0 +1,206 @@
+"""One SciWorld episode as one token sequence, with who wrote each assistant turn.
+
+The sequence is built by concatenation, the way the model sees it while playing: the chat
+template's pieces (`ChatFrame`) around the instruction and each observation are environment
+tokens; each assistant turn is the exact ids its writer generated (ending in EOS unless it hit
+the turn budget). `mask(writers)` is 1 on the tokens of the turns written by `writers` and 0
+everywhere else: environment text and template tokens are always 0, the fixed first reply too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from distill.domains.sciworld.prompt import (
+    FIRST_REPLY,
+    INSTRUCTION,
+    INVALID_ACTION,
+    UNKNOWN_ACTION,
+    parse_action,
+)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from distill.domains.base import Item
+
+# Writer of template/instruction/observation tokens; never trained on.
+ENV = "env"
+# Writer of AgentGym's fixed first assistant reply ("loss": False there).
+FIXED = "fixed"
+
+_U1, _A1, _U2 = "\u2063USER-ONE\u2063", "\u2063ASSISTANT-ONE\u2063", "\u2063USER-TWO\u2063"
+
+
+@dataclass(frozen=True)
+class ChatFrame:
+    """The template text around messages, cut out of the tokenizer's own chat template."""
+
+    head: str  # before the first user message's content
+    gen: str  # after a user message's content, through the assistant header
+    between: str  # after an assistant message's content, through the next user header
+    eos_text: str  # the end-of-turn text a model emits (its EOS token), when `between` starts with it
+
+    @classmethod
+    def of(cls, tokenizer: PreTrainedTokenizerBase, enable_thinking: bool | None = None) -> ChatFrame:
+        kwargs: dict[str, Any] = {}
+        if enable_thinking is not None:
+            kwargs["enable_thinking"] = enable_thinking
+
+        def render(messages: list[dict[str, str]]) -> str:
+            text = tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True, **kwargs
+            )
+            return str(text)
+
+        one = render([{"role": "user", "content": _U1}])
+        two = render(
+            [
+                {"role": "user", "content": _U1},
+                {"role": "assistant", "content": _A1},
+                {"role": "user", "content": _U2},
+            ]
+        )
+        if one.count(_U1) != 1 or _A1 not in two or _U2 not in two:
+            raise ValueError(f"chat template of {tokenizer.name_or_path!r} does not render plain messages")
+        head, gen = one.split(_U1)
+        between = two[two.index(_A1) + len(_A1) : two.index(_U2)]
+        eos = tokenizer.eos_token or ""
+        return cls(head=head, gen=gen, between=between, eos_text=eos if between.startswith(eos) else "")
+
+
+@dataclass
+class Turn:
+    writer: str
+    response: str
+    tokens: int
+    truncated: bool
+    action: str | None
+    observation: str = ""
+    score: int = 0
+    valid: bool = True
+
+
+@dataclass
+class Episode:
+    item: Item
+    worker: int
+    # None: a text-only episode (no token sequence), e.g. to record gold trajectories.
+    tokenizer: PreTrainedTokenizerBase | None
+    frame: ChatFrame | None
+    ids: list[int] = field(default_factory=list)
+    # (start, end, writer) per stretch of tokens; stretches cover `ids` exactly.
+    spans: list[tuple[int, int, str]] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    score: int = 0
+    done: bool = False
+    error: str | None = None
+    env_seconds: float = 0.0
+    moves: int = 0
+    # The simulator's gold action sequence, when the reset asked for it.
+    gold: list[str] | None = None
+    first_observation: str = ""
+
+    # -- building the sequence ------------------------------------------------------------
+    def _append(self, ids: list[int], writer: str) -> None:
+        if not ids:
+            return
+        start = len(self.ids)
+        self.ids.extend(ids)
+        self.spans.append((start, len(self.ids), writer))
+
+    def _encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            return []
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def begin(self, first: str) -> None:
+        """Instruction, the fixed first reply, and the first observation (task description and
+        "look around", see `prompt.first_observation`); ready for turn 1."""
+        self.first_observation = first
+        if self.tokenizer is None or self.frame is None:
+            return
+        frame = self.frame
+        self._append(self._encode(frame.head + INSTRUCTION + frame.gen), ENV)
+        reply = self._encode(FIRST_REPLY) + ([self.tokenizer.eos_token_id] if frame.eos_text else [])
+        self._append(reply, FIXED)
+        self._append(self._encode(self._after_turn(True) + self.first_observation + frame.gen), ENV)
+
+    def _after_turn(self, ended_with_eos: bool) -> str:
+        # A turn that ended with EOS already holds the template's end-of-turn token.
+        if self.frame is None:
+            return ""
+        between = self.frame.between
+        if ended_with_eos and self.frame.eos_text:
+            return between[len(self.frame.eos_text) :]
+        return between
+
+    def add_turn(self, writer: str, ids: list[int], text: str, truncated: bool) -> Turn:
+        self._append(list(ids), writer)
+        turn = Turn(
+            writer=writer, response=text, tokens=len(ids), truncated=truncated, action=parse_action(text)
+        )
+        turn.valid = turn.action is not None
+        self.turns.append(turn)
+        return turn
+
+    def add_observation(self, observation: str, last: bool) -> None:
+        """The environment's answer to the last turn; the final one is recorded, not tokenised."""
+        turn = self.turns[-1]
+        turn.observation = observation
+        if observation.startswith(UNKNOWN_ACTION):
+            turn.valid = False
+        if not last and self.frame is not None:
+            self._append(
+                self._encode(self._after_turn(not turn.truncated) + observation + self.frame.gen), ENV
+            )
+
+    def invalid(self, last: bool) -> None:
+        self.add_observation(INVALID_ACTION, last)
+
+    # -- reading it ----------------------------------------------------------------------
+    def mask(self, writers: set[str] | frozenset[str] | tuple[str, ...]) -> list[int]:
+        """1 on the tokens of the assistant turns written by `writers`, 0 elsewhere."""
+        out = [0] * len(self.ids)
+        for start, end, writer in self.spans:
+            if writer in writers and writer not in (ENV, FIXED):
+                out[start:end] = [1] * (end - start)
+        return out
+
+    def turn_spans(self) -> list[tuple[int, int, str]]:
+        """The spans of assistant turns (excluding the fixed first reply), in order."""
+        return [s for s in self.spans if s[2] not in (ENV, FIXED)]
+
+    def count(self, writer: str) -> int:
+        return sum(1 for t in self.turns if t.writer == writer)
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def record(self, negative_score: str = "zero") -> dict[str, Any]:
+        return {
+            "id": self.item.id,
+            "task": self.item.meta.get("task_id"),
+            "variation": self.item.meta.get("variation"),
+            "score": self.score,
+            "reward": reward_of(self.score, negative_score),
+            "success": self.score >= 100,
+            "turns": len(self.turns),
+            "writers": [t.writer for t in self.turns],
+            "invalid_actions": sum(not t.valid for t in self.turns),
+            "truncated_turns": sum(t.truncated for t in self.turns),
+            "tokens": len(self.ids),
+            "moves": self.moves,
+            "env_seconds": round(self.env_seconds, 3),
+            "error": self.error,
+            "actions": [t.action for t in self.turns],
+        }
+
+
+def reward_of(score: int, negative_score: str = "zero") -> float:
+    """Final score / 100; a negative score (irreversible failure) is 0 unless `keep`."""
+    if score < 0 and negative_score == "zero":
+        return 0.0
+    return score / 100.0

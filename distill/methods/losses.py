@@ -1,0 +1,106 @@
+"""The OPD loss family on one rollout/scoring core (`method.loss`).
+
+All variants see the same batch: student-sampled completion tokens, a completion mask, and the
+teacher's view of the same token ids. They differ only in what they do with it:
+
+- `token_reward_direct` (default): per-token advantage `A_t = coef * (logp_T - logp_S)` fed to
+  TRL's importance-sampled policy-gradient loss (see opd.py); not a function here.
+- `k1`: the sampled-token reverse-KL estimate `k1 = logp_S - logp_T` in its score-function form
+  `sg(k1) * logp_S`, whose gradient is the reverse-KL gradient. (`k1` differentiated as it stands
+  has gradient `grad logp_S`, zero in expectation and blind to the teacher.) No importance ratio,
+  no clipping: the plain on-policy estimator beside `token_reward_direct`'s PPO-style loss.
+- `k3` / `low_var_kl`: Schulman's low-variance estimate `exp(r) - r - 1`, `r = logp_T - logp_S`.
+- `forward_kl_topk`: KL(teacher || student) over the teacher's top-k tokens, with the teacher's
+  remaining mass matched against the student's remaining mass as one tail bucket.
+- `jsd`: full-vocabulary generalised JSD (`beta` 0 forward KL, 1 reverse KL), TRL's chunked
+  kernel, so the full [B, T, V] logits of both models are never materialised.
+
+Every reduction is a mean over completion tokens (masked positions never count).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+LossName = Literal["token_reward_direct", "k1", "k3", "low_var_kl", "forward_kl_topk", "jsd"]
+DIRECT_KL = ("k1", "k3", "low_var_kl")
+# verl clamps the low-variance estimate's log-ratio so exp() stays finite on outliers.
+K3_LOG_RATIO_CLAMP = 20.0
+
+
+def masked_mean(values_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
+    mask = mask_B_T.to(values_B_T.dtype)
+    return (values_B_T * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def direct_kl_per_token(kind: str, logp_S_B_T: torch.Tensor, logp_T_B_T: torch.Tensor) -> torch.Tensor:
+    """Per-token KL estimate on sampled tokens, differentiable through the student's logprobs."""
+    if kind == "k1":
+        return (logp_S_B_T - logp_T_B_T).detach() * logp_S_B_T
+    if kind in ("k3", "low_var_kl"):
+        r = (logp_T_B_T - logp_S_B_T).clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
+        return torch.exp(r) - r - 1.0
+    raise ValueError(f"method.loss: {kind!r} is not a direct KL estimate (one of {', '.join(DIRECT_KL)})")
+
+
+def topk_forward_kl_per_token(
+    student_logprobs_B_T_V: torch.Tensor,
+    teacher_topk_ids_B_T_K: torch.Tensor,
+    teacher_topk_logprobs_B_T_K: torch.Tensor,
+    tail: bool = True,
+) -> torch.Tensor:
+    """KL(teacher || student) restricted to the teacher's top-k, plus a tail bucket.
+
+    Without the tail term the loss ignores the teacher mass outside its top-k, which rewards a
+    student that puts all its mass on those k tokens even where the teacher is uncertain.
+    """
+    p_T_B_T_K = teacher_topk_logprobs_B_T_K.exp()
+    logq_B_T_K = student_logprobs_B_T_V.gather(-1, teacher_topk_ids_B_T_K)
+    kl_B_T = (p_T_B_T_K * (teacher_topk_logprobs_B_T_K - logq_B_T_K)).sum(-1)
+    if tail:
+        eps = torch.finfo(student_logprobs_B_T_V.dtype).tiny
+        tail_T_B_T = (1.0 - p_T_B_T_K.sum(-1)).clamp_min(0.0)
+        tail_S_B_T = (1.0 - logq_B_T_K.exp().sum(-1)).clamp_min(eps)
+        # 0 * log 0 = 0: a teacher with no tail mass contributes nothing.
+        kl_B_T = kl_B_T + torch.where(
+            tail_T_B_T > 0, tail_T_B_T * (tail_T_B_T.clamp_min(eps).log() - tail_S_B_T.log()), 0.0
+        )
+    return kl_B_T
+
+
+def topk_overlap(
+    student_logprobs_B_T_V: torch.Tensor, teacher_topk_ids_B_T_K: torch.Tensor, mask_B_T: torch.Tensor
+) -> float:
+    """Mean share of the teacher's top-k tokens that are also in the student's top-k."""
+    k = teacher_topk_ids_B_T_K.shape[-1]
+    student_topk_B_T_K = student_logprobs_B_T_V.topk(k, dim=-1).indices
+    hits_B_T = (teacher_topk_ids_B_T_K.unsqueeze(-1) == student_topk_B_T_K.unsqueeze(-2)).any(-1).sum(-1)
+    return float(masked_mean(hits_B_T.float() / k, mask_B_T))
+
+
+def jsd_loss(
+    student_hidden_B_T_H: torch.Tensor,
+    teacher_hidden_B_T_H: torch.Tensor,
+    student_head: torch.nn.Module,
+    teacher_head: torch.nn.Module,
+    mask_B_T: torch.Tensor,
+    beta: float,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Full-vocabulary generalised JSD through TRL's chunked kernel (DistillationTrainer's loss)."""
+    from trl.trainer.distillation_trainer import _chunked_divergence_loss
+
+    loss, _entropy, _n = _chunked_divergence_loss(
+        student_hidden_B_T_H,
+        teacher_hidden_B_T_H.to(student_hidden_B_T_H.dtype),
+        student_head.weight,  # type: ignore[arg-type]
+        teacher_head.weight,  # type: ignore[arg-type]
+        mask_B_T,
+        beta,
+        student_lm_head_bias=getattr(student_head, "bias", None),
+        teacher_lm_head_bias=getattr(teacher_head, "bias", None),
+        temperature=temperature,
+    )
+    return loss

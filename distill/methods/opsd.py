@@ -1,0 +1,70 @@
+"""On-policy self-distillation (OPSD): one model is student and teacher.
+
+The student sees only the problem; the teacher is the same model with a privileged reference
+solution in its prompt (`method.teacher_template`, default the reference document's). The teacher's
+weights are the frozen step-0 copy (`base`, the reference setting), the live student (`live`),
+or an exponential moving average of the student (`ema`). Everything else - sampling, scoring,
+the loss family, strict lengths, masks, logging - is OPD's core (opd.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import TrainerCallback
+
+from distill.methods.opd import train_on_policy
+
+if TYPE_CHECKING:
+    from distill.config import OPSDMethod
+    from distill.domains.base import Domain, Item
+    from distill.engines.hf import HFEngine
+    from distill.methods.context import RunContext
+
+
+def teacher_message(method: OPSDMethod, domain: Domain, item: Item) -> str:
+    try:
+        return method.teacher_template.format(
+            problem=item.prompt.strip(), solution=domain.privileged_context(item).strip()
+        )
+    except (KeyError, IndexError) as exc:
+        raise ValueError(
+            f"method.teacher_template: unknown placeholder {exc}; use {{problem}} and {{solution}}"
+        ) from None
+
+
+class EMATeacher(TrainerCallback):
+    """After every optimizer step: teacher <- decay * teacher + (1 - decay) * student."""
+
+    def __init__(self, teacher: torch.nn.Module, student: torch.nn.Module, decay: float) -> None:
+        self.teacher, self.student, self.decay = teacher, student, decay
+
+    @torch.no_grad()
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        for t, s in zip(self.teacher.parameters(), self.student.parameters(), strict=True):
+            t.mul_(self.decay).add_(s.detach().to(t.dtype), alpha=1 - self.decay)
+
+
+def train(ctx: RunContext) -> None:
+    cfg = ctx.config
+    method: OPSDMethod = cfg.method  # type: ignore[assignment]
+    callbacks: list[Any] = []
+    if method.teacher_weights == "live":
+        # The student being trained scores with the privileged prompt (no gradient through it).
+        ctx.teacher = ctx.student
+    else:
+        # ctx.teacher was loaded from the student's own path: it is the step-0 weights.
+        ctx.teacher.model.eval()
+        ctx.teacher.model.requires_grad_(False)
+        if method.teacher_weights == "ema":
+            if cfg.lora.enabled:
+                raise ValueError(
+                    "method.teacher_weights=ema averages full weights; it cannot be combined with lora"
+                )
+            callbacks.append(EMATeacher(ctx.teacher.model, ctx.student.model, method.ema_decay))
+
+    def privileged_prompt(engine: HFEngine, item: Item) -> list[int]:
+        return engine.prompt_ids(teacher_message(method, ctx.domain, item))
+
+    train_on_policy(ctx, privileged_prompt, callbacks)

@@ -1,0 +1,226 @@
+"""Preflight for on-policy methods: catch template, tokenisation and mask mistakes before step 1.
+
+A public OPD reproduction trained for days against a teacher that saw a different chat template
+than the student: every advantage was noise. These checks make that failure loud and early:
+
+1. thinking mode: student and teacher render with the same `enable_thinking`;
+2. templates: with a shared tokenizer (OPD), the teacher's rendered prompt is the student's;
+3. zero advantage: the student scored through the trainer's prompt path and through the
+   teacher's prompt path gives identical logprobs (so student = teacher means A_t = 0);
+4. masks: only completion tokens carry a loss signal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from distill.config import RunConfig
+    from distill.domains.base import Item
+    from distill.engines.hf import HFEngine
+
+# How a teacher engine sees an item: the ids of its prompt.
+PromptFor = Callable[["HFEngine", "Item"], list[int]]
+SELF_SCORE_TOLERANCE = 1e-4
+SHOWN_TOKENS = 24
+
+
+class PreflightError(ValueError):
+    """A check failed: the message names the check and shows the evidence."""
+
+
+@dataclass
+class PreflightReport:
+    side_by_side: str
+    checks: list[tuple[str, str]] = field(default_factory=list)  # (name, outcome)
+
+    def render(self) -> str:
+        lines = [self.side_by_side, ""]
+        lines += [f"  ok  {name}: {outcome}" for name, outcome in self.checks]
+        return "\n".join(lines)
+
+
+def head_tokens(engine: HFEngine, ids: Sequence[int], n: int = SHOWN_TOKENS) -> list[str]:
+    return [str(engine.tokenizer.decode([i])) for i in list(ids)[:n]]
+
+
+def side_by_side(left: tuple[str, list[str]], right: tuple[str, list[str]]) -> str:
+    """Two token columns; rows where they differ are marked with `!`."""
+    (l_name, l_toks), (r_name, r_toks) = left, right
+    width = max([len(l_name)] + [len(repr(t)) for t in l_toks]) + 2
+    lines = [f"    {l_name:<{width}}{r_name}"]
+    for i in range(max(len(l_toks), len(r_toks))):
+        a = repr(l_toks[i]) if i < len(l_toks) else ""
+        b = repr(r_toks[i]) if i < len(r_toks) else ""
+        mark = "!" if a != b else " "
+        lines.append(f" {mark}{i:>2} {a:<{width}}{b}")
+    return "\n".join(lines)
+
+
+def prompt_table(student: HFEngine, student_ids: list[int], teacher: HFEngine, teacher_ids: list[int]) -> str:
+    """Identical prompts in one line; otherwise the tokens around the first difference, side by side."""
+    left = [str(student.tokenizer.decode([i])) for i in student_ids]
+    right = [str(teacher.tokenizer.decode([i])) for i in teacher_ids]
+    if left == right:
+        return f"    student and teacher prompts are identical ({len(student_ids)} tokens)"
+    first = next(
+        (i for i, (a, b) in enumerate(zip(left, right, strict=False)) if a != b), min(len(left), len(right))
+    )
+    start = max(0, first - 4)
+    return f"    (from token {start})\n" + side_by_side(
+        (f"student prompt ({len(student_ids)} tokens)", left[start : start + SHOWN_TOKENS]),
+        (f"teacher prompt ({len(teacher_ids)} tokens)", right[start : start + SHOWN_TOKENS]),
+    )
+
+
+def trainer_prompt_ids(engine: HFEngine, prompt: str) -> list[int]:
+    """The prompt ids an on-policy trainer rolls out from (conversational prompt, as TRL tokenizes it)."""
+    kwargs: dict[str, Any] = (
+        {} if engine.enable_thinking is None else {"enable_thinking": engine.enable_thinking}
+    )
+    tokenizer: Any = engine.tokenizer
+    out = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+        **kwargs,
+    )
+    return list(out["input_ids"])
+
+
+def check_thinking(config: RunConfig, student: HFEngine, teacher: HFEngine, item: Item) -> None:
+    if config.student.enable_thinking == config.teacher.enable_thinking:
+        return
+    table = side_by_side(
+        (
+            f"student (enable_thinking={config.student.enable_thinking})",
+            head_tokens(student, _tail(student, item)),
+        ),
+        (
+            f"teacher (enable_thinking={config.teacher.enable_thinking})",
+            head_tokens(teacher, _tail(teacher, item)),
+        ),
+    )
+    raise PreflightError(
+        "thinking mode differs: student.enable_thinking="
+        f"{config.student.enable_thinking} but teacher.enable_thinking={config.teacher.enable_thinking}; "
+        "set both to the same value. Last prompt tokens:\n" + table
+    )
+
+
+def _tail(engine: HFEngine, item: Item, n: int = 12) -> list[int]:
+    return engine.prompt_ids(item.prompt)[-n:]
+
+
+def self_score_gap(
+    student: HFEngine,
+    rollout_prompts: Sequence[Sequence[int]],
+    teacher_prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+) -> float:
+    """Max |logp| difference of the same completions under the two prompt paths, student weights."""
+    a = student.score(rollout_prompts, completions)
+    b = student.score(teacher_prompts, completions)
+    gaps = [abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)]
+    return max(gaps, default=0.0)
+
+
+def check_loss_mask(
+    prompt_ids_B_P: torch.Tensor,
+    prompt_mask_B_P: torch.Tensor,
+    completion_ids_B_T: torch.Tensor,
+    completion_mask_B_T: torch.Tensor,
+    advantages_B_T: torch.Tensor,
+    prompt_rows: Sequence[Sequence[int]],
+) -> None:
+    """Only completion tokens carry signal: padding has zero advantage, prompts are not in the completion."""
+    outside = advantages_B_T.float() * (1 - completion_mask_B_T.float())
+    if outside.abs().max().item() > 0:
+        raise PreflightError("loss mask: non-zero advantage on padding after the completion")
+    if (prompt_mask_B_P.sum(1) == 0).any():
+        raise PreflightError("loss mask: a rollout has an empty prompt")
+    # Right-padded completions: the mask is a run of ones then zeros, never a hole.
+    diffs = completion_mask_B_T[:, 1:].long() - completion_mask_B_T[:, :-1].long()
+    if (diffs > 0).any():
+        raise PreflightError("loss mask: completion mask has a gap (a masked token before an unmasked one)")
+    for i, prompt in enumerate(prompt_rows):
+        n = int(completion_mask_B_T[i].sum())
+        head = completion_ids_B_T[i, : min(n, len(prompt))].tolist()
+        if len(prompt) > 4 and head == list(prompt[: len(head)]) and len(head) == len(prompt):
+            raise PreflightError(f"loss mask: rollout {i} repeats its prompt inside the completion")
+
+
+def run_preflight(
+    config: RunConfig,
+    student: HFEngine,
+    teacher: HFEngine,
+    items: Sequence[Item],
+    teacher_prompt: PromptFor,
+    same_template_required: bool,
+    max_new_tokens: int = 16,
+) -> PreflightReport:
+    """The checks that need no trainer; the mask check runs on the trainer's first real batch."""
+    if not items:
+        raise PreflightError("no items to check")
+    item = items[0]
+    student_ids = trainer_prompt_ids(student, item.prompt)
+    teacher_ids = teacher_prompt(teacher, item)
+    report = PreflightReport(prompt_table(student, student_ids, teacher, teacher_ids))
+    check_thinking(config, student, teacher, item)
+    report.checks.append(("thinking mode", f"student and teacher agree ({config.student.enable_thinking})"))
+    if same_template_required:
+        plain = teacher.prompt_ids(item.prompt)
+        if plain != student_ids:
+            raise PreflightError(
+                "chat templates differ: the teacher would score the student's tokens after a different prompt "
+                f"({cfg_names(config)}). First tokens:\n"
+                + side_by_side(
+                    ("student", head_tokens(student, student_ids)), ("teacher", head_tokens(teacher, plain))
+                )
+            )
+        report.checks.append(("chat template", "teacher renders the student's prompt token for token"))
+    sample = list(items[: min(2, len(items))])
+    rollout = [trainer_prompt_ids(student, it.prompt) for it in sample]
+    completions = [c.ids for c in student.generate(rollout, max_new_tokens, temperature=0.0)]
+    # The teacher's prompt path, driven by the student's own weights: must reproduce the rollout's view.
+    as_teacher = [student.prompt_ids(it.prompt) for it in sample]
+    gap = self_score_gap(student, rollout, as_teacher, completions)
+    if gap > SELF_SCORE_TOLERANCE:
+        raise PreflightError(
+            f"self-score: with the teacher set to the student, logprobs differ by up to {gap:.3g} "
+            "(the trainer's prompt ids and the teacher's prompt ids are not the same tokens):\n"
+            + side_by_side(
+                ("rollout prompt", head_tokens(student, rollout[0])),
+                ("teacher-path prompt", head_tokens(student, as_teacher[0])),
+            )
+        )
+    report.checks.append(("self-score", f"student as its own teacher: max |A_t| = {gap:.2e}"))
+    return report
+
+
+def cfg_names(config: RunConfig) -> str:
+    return f"student {config.student.name}, teacher {config.teacher.name}"
+
+
+def teacher_view(config: RunConfig, domain: Any) -> tuple[PromptFor, bool] | None:
+    """How the method's teacher sees an item, and whether it must share the student's template.
+
+    None for methods without a teacher scoring or continuing the student's own tokens.
+    """
+    name = config.method.name
+    if name == "opd":
+        return (lambda engine, item: engine.prompt_ids(item.prompt)), True
+    if name == "opsd":
+        from distill.methods.opsd import teacher_message
+
+        method: Any = config.method
+        return (lambda engine, item: engine.prompt_ids(teacher_message(method, domain, item))), True
+    if name == "rose":
+        # Cross-family pairs render different templates by design; thinking mode must still agree.
+        return (lambda engine, item: engine.prompt_ids(item.prompt)), False
+    return None

@@ -1,0 +1,372 @@
+"""ROSE, online and single-turn: the student starts, the teacher finishes, CE on the teacher's part.
+
+Every step, for fresh prompts, the *current* student writes its response; it is cut after K
+tokens (mask 0); the teacher continues from that state inside the same assistant turn (no new
+turn, no second `<think>`) for at most t tokens (mask 1); the student takes one optimizer step of
+cross-entropy on the teacher's tokens only. The student learns "from where I got to, this is how
+the teacher goes on".
+
+The update runs on a `transformers.Trainer` whose batches are built inside `training_step`
+from prompt indices, so the optimizer, scheduler, clipping, gradient accumulation, checkpoints
+and resume are the Trainer's and `DistillCallback` (metrics, periodic eval, step-N) works
+unchanged. TRL's SFTTrainer adds only dataset preparation ROSE cannot use (its batch exists only
+after this step's rollouts); GRPOTrainer's loss is a policy gradient, not CE, and its rollout
+cannot be spliced with a teacher's continuation.
+
+When the student's and teacher's tokenizers differ the prefix crosses through the tokenizer
+bridge (ids -> text -> teacher ids, and back), with every seam checked; budgets are counted in
+the teacher's tokens, coverage in the student's.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from distill.methods.budget import student_completions, supervised_share, teacher_budget
+from distill.methods.context import RunContext
+
+if TYPE_CHECKING:
+    import torch
+
+    from distill.config import ROSEMethod
+    from distill.domains.base import Item
+    from distill.engines.hf import HFEngine
+    from distill.tokenizer_bridge.bridge import TokenizerBridge
+
+IGNORE = -100
+
+
+@dataclass
+class Rollout:
+    """One student sample, cut and continued by the teacher."""
+
+    item: Item
+    prompt_ids: list[int]  # the student's chat prompt
+    response_ids: list[int]  # the student's full response, EOS included when it emitted one
+    response_truncated: bool
+    response_text: str
+    prefix_ids: list[int]  # the kept student tokens (mask 0)
+    prefix_text: str = ""
+    teacher_ids: list[int] = field(default_factory=list)  # continuation in teacher tokens (budget unit)
+    teacher_truncated: bool = False
+    target_ids: list[int] = field(default_factory=list)  # continuation in student tokens (mask 1)
+    continuation_text: str = ""
+    seam_ok: bool = True
+
+
+def draw_prefix_len(method: ROSEMethod, n_content: int, rng: random.Random) -> int:
+    """K for one sample: fixed, drawn from a range, or a fraction of the student's response,
+    never past the response's own content (a student that stopped early is cut where it stopped)."""
+    if method.prefix_fraction is not None:
+        return min(n_content, round(method.prefix_fraction * n_content))
+    if method.prefix_tokens_min is None:
+        return min(n_content, method.prefix_tokens)
+    high = min(method.prefix_tokens, n_content)
+    return high if method.prefix_tokens_min >= high else rng.randint(method.prefix_tokens_min, high)
+
+
+def rose_example(
+    prompt_ids: list[int], prefix_ids: list[int], target_ids: list[int]
+) -> tuple[list[int], list[int]]:
+    """input_ids and labels of one sample: the loss sees the teacher's tokens only."""
+    ids = list(prompt_ids) + list(prefix_ids) + list(target_ids)
+    labels = [IGNORE] * (len(prompt_ids) + len(prefix_ids)) + list(target_ids)
+    return ids, labels
+
+
+def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded input_ids, attention_mask and labels (-100 on padding)."""
+    import torch
+
+    width = max(len(ids) for ids, _ in examples)
+    ids_B_T = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels_B_T = torch.full((len(examples), width), IGNORE, dtype=torch.long)
+    mask_B_T = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, (ids, labels) in enumerate(examples):
+        if len(ids) != len(labels):
+            raise ValueError(f"rose: sample {row} has {len(ids)} tokens but {len(labels)} labels")
+        ids_B_T[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        labels_B_T[row, : len(labels)] = torch.tensor(labels, dtype=torch.long)
+        mask_B_T[row, : len(ids)] = 1
+    return {"input_ids": ids_B_T, "attention_mask": mask_B_T, "labels": labels_B_T}
+
+
+def student_rollouts(
+    ctx: RunContext, engine: HFEngine, bridge: TokenizerBridge, items: list[Item], rng: random.Random
+) -> list[Rollout]:
+    """The live student's full responses (for coverage and K-by-fraction), each cut at its K."""
+    from distill.tokenizer_bridge.bridge import clean_cut, readable
+
+    cfg = ctx.config
+    method: ROSEMethod = cfg.method  # type: ignore[assignment]
+    prompts = [ctx.student.prompt_ids(item.prompt) for item in items]
+    completions = engine.generate(
+        prompts,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        batch_size=cfg.eval.batch_size,
+    )
+    eos = ctx.student.eos_ids
+    rollouts = []
+    for item, prompt, comp in zip(items, prompts, completions, strict=True):
+        content = comp.ids[:-1] if comp.ids and comp.ids[-1] in eos else comp.ids
+        k = draw_prefix_len(method, len(content), rng)
+        if not bridge.same:
+            # A byte-level token can end inside a character: cut at the character boundary.
+            k = clean_cut(bridge.student, content, k)
+        prefix = list(content[:k])
+        rollouts.append(
+            Rollout(
+                item=item,
+                prompt_ids=prompt,
+                response_ids=list(comp.ids),
+                response_truncated=comp.truncated,
+                response_text=comp.text,
+                prefix_ids=prefix,
+                prefix_text=readable(bridge.student_pieces(prefix)),
+            )
+        )
+    return rollouts
+
+
+def teacher_continuations(ctx: RunContext, bridge: TokenizerBridge, rollouts: list[Rollout]) -> None:
+    """The teacher continues each prefix in the same assistant turn for at most t tokens."""
+    from distill.tokenizer_bridge import thinking
+    from distill.tokenizer_bridge.bridge import readable, trim_partial
+
+    method: ROSEMethod = ctx.config.method  # type: ignore[assignment]
+    teacher = ctx.teacher
+    rows: list[list[int]] = []
+    for r in rollouts:
+        prefix = r.prefix_ids if bridge.same else bridge.to_teacher(r.prefix_ids)
+        if not isinstance(prefix, list):
+            r.seam_ok = prefix.lossless
+            prefix = prefix.ids
+        rows.append(thinking.teacher_prompt_ids(teacher, r.item.prompt, r.prefix_text) + prefix)
+    # A prefix that already holds a think block: the teacher may not open another one.
+    suppress = thinking.think_open_ids(teacher.tokenizer)
+    groups = {
+        flag: [i for i, r in enumerate(rollouts) if thinking.has_think(r.prefix_text) == flag]
+        for flag in (False, True)
+    }
+    for flag, indices in groups.items():
+        if not indices:
+            continue
+        with thinking.suppressed(teacher.model, suppress if flag else []):
+            completions = teacher.generate(
+                [rows[i] for i in indices],
+                max_new_tokens=method.teacher_max_tokens,
+                temperature=method.teacher_temperature,
+                top_p=ctx.config.rollout.top_p,
+                batch_size=ctx.config.eval.batch_size,
+            )
+        for i, comp in zip(indices, completions, strict=True):
+            r = rollouts[i]
+            r.teacher_ids, r.teacher_truncated = list(comp.ids), comp.truncated
+            if bridge.same:
+                r.target_ids = list(comp.ids)
+                r.continuation_text = readable(bridge.student_pieces(comp.ids))
+                continue
+            kept = trim_partial(bridge.teacher, comp.ids) if comp.truncated else comp.ids
+            back = bridge.to_student(kept)
+            r.target_ids, r.continuation_text = back.ids, back.text
+            joined = bridge.student_pieces(r.prefix_ids + back.ids)
+            r.seam_ok = (
+                r.seam_ok
+                and back.lossless
+                and readable(joined) == r.prefix_text + back.text
+                and not thinking.reopened(r.prefix_text, back.text)
+            )
+
+
+def step_metrics(rollouts: list[Rollout], method: ROSEMethod, bridged: bool) -> dict[str, float]:
+    """The DESIGN.md per-step figures of ROSE over this step's samples."""
+    trained = [r for r in rollouts if r.seam_ok]
+    out = {
+        **teacher_budget(
+            [len(r.teacher_ids) for r in rollouts],
+            [r.teacher_truncated for r in rollouts],
+            method.teacher_max_tokens,
+        ),
+        **student_completions(
+            [len(r.response_ids) for r in rollouts], [r.response_truncated for r in rollouts]
+        ),
+        "student/prefix_tokens_mean": sum(len(r.prefix_ids) for r in rollouts) / len(rollouts),
+        "coverage/supervised_share": supervised_share(
+            [len(r.target_ids) for r in trained], [len(r.response_ids) for r in rollouts]
+        ),
+    }
+    if bridged:
+        out["teacher/seam_failure_rate"] = 1 - len(trained) / len(rollouts)
+    return out
+
+
+def sample_rows(ctx: RunContext, rollouts: list[Rollout], n: int) -> list[dict[str, Any]]:
+    """What samples/step-N.jsonl shows: prompt, student prefix, teacher continuation, mask."""
+    shown = rollouts[:n]
+    items = [r.item for r in shown]
+    own = ctx.domain.score_batch(items, [r.response_text for r in shown])
+    spliced = ctx.domain.score_batch(items, [r.prefix_text + r.continuation_text for r in shown])
+    return [
+        {
+            "prompt": r.item.prompt,
+            "student": r.response_text,  # the student's own full response (for coverage)
+            "student_prefix": r.prefix_text,
+            "teacher_continuation": r.continuation_text,
+            # Over the trained response (student tokens): 0 = student prefix, 1 = CE target.
+            "mask": [0] * len(r.prefix_ids) + [1] * (len(r.target_ids) if r.seam_ok else 0),
+            "prefix_tokens": len(r.prefix_ids),
+            "teacher_tokens": len(r.teacher_ids),
+            "target_student_tokens": len(r.target_ids),
+            "student_full_tokens": len(r.response_ids),
+            "teacher_truncated": r.teacher_truncated,
+            "student_truncated": r.response_truncated,
+            "seam_ok": r.seam_ok,
+            "student_correct": mine.correct,
+            "continued_correct": theirs.correct,  # student prefix + teacher continuation
+        }
+        for r, mine, theirs in zip(shown, own, spliced, strict=True)
+    ]
+
+
+def make_trainer_class() -> type:
+    from transformers import Trainer
+
+    class ROSETrainer(Trainer):
+        """A Trainer whose batch of prompt indices becomes a ROSE batch inside each step."""
+
+        distill_ctx: RunContext
+        bridge: TokenizerBridge
+        _rollout_engine: HFEngine | None = None
+        _acc_step = -1
+        _micro = 0
+        _acc: list[Rollout]
+        _times: dict[str, float]
+
+        def training_step(
+            self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None
+        ) -> torch.Tensor:
+            from distill.engines.hf import HFEngine
+
+            ctx = self.distill_ctx
+            cfg = ctx.config
+            step = self.state.global_step
+            if step != self._acc_step:  # first micro-batch of this optimizer step
+                self._acc_step, self._acc, self._micro = step, [], 0
+                self._times = {"perf/gen_time_s": 0.0, "perf/teacher_time_s": 0.0, "perf/train_time_s": 0.0}
+            self._micro += 1
+            items = ctx.extras["items"]
+            batch_items = [
+                items[int(i)] for i in inputs["item_index"] for _ in range(cfg.rollout.num_generations)
+            ]
+            rng = random.Random(cfg.seed * 1_000_003 + step * 1_009 + self._micro)
+            # The live student (unwrapped): this step's prefixes come from the current weights.
+            live: Any = self.model
+            if self._rollout_engine is None:
+                self._rollout_engine = HFEngine(live, ctx.student.tokenizer, ctx.student.enable_thinking)
+            t0 = time.perf_counter()
+            live.eval()  # Trainer.training_step switches it back to train mode
+            rollouts = student_rollouts(ctx, self._rollout_engine, self.bridge, batch_items, rng)
+            t1 = time.perf_counter()
+            teacher_continuations(ctx, self.bridge, rollouts)
+            t2 = time.perf_counter()
+            trained = [r for r in rollouts if r.seam_ok and r.target_ids]
+            if not trained:
+                raise ValueError(
+                    f"rose: no sample of step {step + 1} crossed the tokenizer bridge losslessly "
+                    f"(`distill bridge check --student {cfg.student.name} --teacher {cfg.teacher.name}`)"
+                )
+            examples = [
+                rose_example(r.prompt_ids, r.prefix_ids, r.target_ids if r.seam_ok else []) for r in rollouts
+            ]
+            batch = collate(examples, ctx.student.tokenizer.pad_token_id)
+            loss = super().training_step(model, batch, None)
+            t3 = time.perf_counter()
+            self._acc.extend(rollouts)
+            for key, seconds in zip(self._times, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+                self._times[key] += seconds
+            method: ROSEMethod = cfg.method  # type: ignore[assignment]
+            ctx.log.add(
+                {
+                    **step_metrics(self._acc, method, bridged=not self.bridge.same),
+                    **self._times,
+                    "student/accuracy": _accuracy(ctx, self._acc),
+                    "_tokens": float(sum(len(ids) for ids, _ in examples)),
+                }
+            )
+            ctx.log.samples(step + 1, sample_rows(ctx, self._acc, cfg.tracking.sample_rows))
+            return loss
+
+    return ROSETrainer
+
+
+def _accuracy(ctx: RunContext, rollouts: list[Rollout]) -> float:
+    """Accuracy of the student's own full responses this step (the on-policy view)."""
+    scores = ctx.domain.score_batch([r.item for r in rollouts], [r.response_text for r in rollouts])
+    return sum(s.correct for s in scores) / len(scores)
+
+
+def preflight_bridge(ctx: RunContext, bridge: TokenizerBridge) -> None:
+    """Cross-family: the seam must be lossless on the domain's own texts before step 1."""
+    from distill.tokenizer_bridge.seam import check_pair
+
+    texts = [t for item in ctx.domain.train_items()[:8] for t in (item.prompt, item.solution or "") if t]
+    report = check_pair(bridge.student, bridge.teacher, texts, cuts=8)
+    if not report.ok:
+        bad = next(row for row in report.rows if not row.ok)
+        cfg = ctx.config
+        raise ValueError(
+            f"rose: the tokenizer bridge {cfg.student.name} -> {cfg.teacher.name} is lossy ({bad.name}: "
+            f"{bad.failures[0]}); see `distill bridge check --student {cfg.student.name} "
+            f"--teacher {cfg.teacher.name}`"
+        )
+
+
+def train(ctx: RunContext) -> None:
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    from distill.methods.callbacks import DistillCallback, quiet, trainer_common_args
+    from distill.tokenizer_bridge.bridge import TokenizerBridge
+
+    cfg = ctx.config
+    if cfg.lora.enabled:
+        raise ValueError("rose: lora.enabled is not supported yet; train all weights (lora.enabled=false)")
+    bridge = TokenizerBridge(ctx.student.tokenizer, ctx.teacher.tokenizer)
+    if not bridge.same:
+        preflight_bridge(ctx, bridge)
+    items = ctx.domain.train_items()
+    ctx.extras["items"] = items
+    args = TrainingArguments(
+        **trainer_common_args(ctx),
+        per_device_train_batch_size=cfg.rollout.prompts_per_step,
+    )
+
+    class _Callback(DistillCallback):
+        def on_log(self, args, state, control, logs=None, **kw):  # type: ignore[no-untyped-def]
+            # The Trainer's loss is the CE on the teacher's tokens.
+            if logs and "loss" in logs:
+                self.ctx.log.add({"train/ce_loss": float(logs["loss"])})
+            return super().on_log(args, state, control, logs=logs, **kw)
+
+    trainer = make_trainer_class()(
+        model=ctx.student.model,
+        args=args,
+        train_dataset=Dataset.from_list([{"item_index": i} for i in range(len(items))]),
+        data_collator=_indices,
+        processing_class=ctx.student.tokenizer,
+        callbacks=[_Callback(ctx)],
+    )
+    trainer.distill_ctx = ctx
+    trainer.bridge = bridge
+    quiet(trainer).train(resume_from_checkpoint=str(ctx.resume_from) if ctx.resume_from else None)
+    ctx.student.model = trainer.model
+
+
+def _indices(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    # The batch is built inside training_step from the live student; the loader only picks prompts.
+    return {"item_index": [int(row["item_index"]) for row in rows]}

@@ -1,0 +1,52 @@
+"""`distill reproduce`: a tiny embedded-default-style run re-created from its manifest gives the same
+eval numbers exactly (CPU, greedy eval); a recorded number that does not match is reported."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from distill.cli.app import app
+
+from .conftest import copy_run
+
+pytestmark = pytest.mark.integration
+
+
+def test_reproduce_matches_final_eval_exactly(workspace: Path, tiny_run: Path) -> None:
+    run_dir = copy_run(tiny_run, workspace)
+    result = CliRunner().invoke(app, ["reproduce", run_dir.name])
+    assert result.exit_code == 0, result.output
+    assert "reproduced exactly" in result.output
+    [repro] = [p for p in (workspace / "runs").iterdir() if p.name.startswith(f"{run_dir.name}-repro-")]
+    original = json.loads((run_dir / "summary.json").read_text())
+    again = json.loads((repro / "summary.json").read_text())
+    assert again["status"] == "FINISHED"
+    for section in ("student_before", "teacher_score", "student_after"):
+        assert again[section] == original[section], section
+    # Same config and seed: the new run's manifest records the same resolved config.
+    manifest = json.loads((repro / "manifest.json").read_text())
+    recorded = json.loads((run_dir / "manifest.json").read_text())
+    manifest["config"]["tracking"].pop("run_name")
+    recorded["config"]["tracking"].pop("run_name")
+    assert manifest["config"] == recorded["config"]
+
+
+def test_reproduce_eval_only_and_mismatch(workspace: Path, tiny_run: Path) -> None:
+    run_dir = copy_run(tiny_run, workspace)
+    ok = CliRunner().invoke(app, ["reproduce", run_dir.name, "--eval-only"])
+    assert ok.exit_code == 0 and "reproduced exactly" in ok.output, ok.output
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["student_after"]["accuracy"] = summary["student_after"]["accuracy"] + 0.125
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    bad = CliRunner().invoke(app, ["reproduce", run_dir.name, "--eval-only"])
+    assert bad.exit_code == 1, bad.output
+    assert "did NOT reproduce" in bad.output
+    assert [line for line in bad.output.splitlines() if "accuracy" in line and "NO" in line]
+
+    missing = CliRunner().invoke(app, ["reproduce", "no-such-run"])
+    assert missing.exit_code == 2 and "no run 'no-such-run'" in missing.output

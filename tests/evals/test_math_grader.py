@@ -1,0 +1,105 @@
+"""The math grader: a final \\boxed{} is required; math-verify equivalence; worker processes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from distill.evals.math_grader import Grade, MathGrader, extract_boxed
+
+
+@pytest.fixture(scope="module")
+def grader() -> Iterator[MathGrader]:
+    g = MathGrader(workers=2, timeout_s=5)
+    yield g
+    g.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("so \\boxed{42}.", "42"),
+        ("\\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("nested \\boxed{a^{2}+\\sqrt{b}}", "a^{2}+\\sqrt{b}"),
+        ("spaced \\boxed {7}", "7"),
+        ("closed earlier \\boxed{3} but the last is open \\boxed{4", "3"),
+        ("the answer is 42", None),
+        ("\\boxed", None),
+    ],
+)
+def test_extract_boxed(text: str, expected: str | None) -> None:
+    assert extract_boxed(text) == expected
+
+
+def test_equivalent_forms_grade_correct(grader: MathGrader) -> None:
+    cases = [
+        ("\\frac{1}{576}", "so the probability is \\boxed{1/576}"),
+        ("1/576", "\\boxed{\\frac{1}{576}}"),
+        # HMMT25 problem 10: the two roots, in the other order.
+        (
+            "\\frac{-1+\\sqrt{17}}{2}, \\frac{-1-\\sqrt{17}}{2}",
+            "\\boxed{\\frac{-1-\\sqrt{17}}{2}, \\frac{-1+\\sqrt{17}}{2}}",
+        ),
+        ("9\\sqrt{15}", "\\boxed{9 \\sqrt{15}}"),
+        ("70", "\\boxed{70}"),
+        ("0.5", "\\boxed{\\frac{1}{2}}"),
+    ]
+    grades = grader.grade_batch([ref for ref, _ in cases], [resp for _, resp in cases])
+    assert grades == [Grade(correct=True, formatted=True)] * len(cases)
+
+
+def test_unboxed_and_wrong_answers_do_not_grade(grader: MathGrader) -> None:
+    refs = ["70", "70", "\\frac{1}{576}", "70", "70"]
+    responses = [
+        "The answer is 70.",  # unboxed: not an answer
+        "70",
+        "\\boxed{1/575}",
+        "\\boxed{71}",
+        "\\boxed{}",
+    ]
+    grades = grader.grade_batch(refs, responses)
+    assert [g.correct for g in grades] == [False] * 5
+    assert [g.formatted for g in grades] == [False, False, True, True, False]
+
+
+def test_last_boxed_counts(grader: MathGrader) -> None:
+    assert grader.grade("5", "first \\boxed{5}, no wait: \\boxed{6}") == Grade(correct=False, formatted=True)
+    assert grader.grade("6", "first \\boxed{5}, no wait: \\boxed{6}") == Grade(correct=True, formatted=True)
+
+
+def test_grading_runs_in_worker_processes(grader: MathGrader) -> None:
+    grader.grade("1", "\\boxed{1}")
+    pids = {p.pid for p in grader._pool._pool}
+    assert pids and os.getpid() not in pids and len(pids) == 2
+    grader.close()
+    assert grader._pool is None
+    # A closed grader starts a fresh pool on the next use.
+    assert grader.grade("2", "\\boxed{2}").correct
+
+
+def test_length_mismatch_and_bad_settings_are_errors() -> None:
+    with pytest.raises(ValueError, match="2 references but 1 responses"):
+        MathGrader().grade_batch(["1", "2"], ["\\boxed{1}"])
+    with pytest.raises(ValueError, match="workers"):
+        MathGrader(workers=0)
+    with pytest.raises(ValueError, match="timeout_s"):
+        MathGrader(timeout_s=0)
+
+
+def test_a_runaway_expression_times_out_as_wrong() -> None:
+    # 10^(10^(10^10)) cannot be evaluated: math-verify's per-item alarm (in the worker) stops it,
+    # the item grades as wrong, and the items after it still grade.
+    import time
+
+    g = MathGrader(workers=1, timeout_s=2)
+    try:
+        start = time.monotonic()
+        grades = g.grade_batch(
+            ["3", "2"], ["\\boxed{10^{10^{10^{10}}} - 10^{10^{10^{10}}} + 3}", "\\boxed{2}"]
+        )
+        assert [gr.correct for gr in grades] == [False, True]
+        assert time.monotonic() - start < 3 * 2 + 10 + 30
+    finally:
+        g.close()
