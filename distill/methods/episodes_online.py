@@ -20,7 +20,8 @@ import random
 import time
 from typing import TYPE_CHECKING, Any
 
-from distill.methods.episodes import IGNORE, episode_example, episode_stats, teacher_turn_stats
+from distill.methods.episodes import episode_example, episode_stats, teacher_turn_stats
+from distill.methods.rose import collate
 
 if TYPE_CHECKING:
     import torch
@@ -28,22 +29,6 @@ if TYPE_CHECKING:
     from distill.domains.sciworld import SciWorldDomain
     from distill.domains.sciworld.episode import Episode
     from distill.methods.context import RunContext
-
-
-def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    import torch
-
-    width = max(len(ids) for ids, _ in examples)
-    ids_B_T = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    labels_B_T = torch.full((len(examples), width), IGNORE, dtype=torch.long)
-    mask_B_T = torch.zeros((len(examples), width), dtype=torch.long)
-    for row, (ids, labels) in enumerate(examples):
-        if len(ids) != len(labels):
-            raise ValueError(f"episode row {row}: {len(ids)} tokens but {len(labels)} labels")
-        ids_B_T[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        labels_B_T[row, : len(labels)] = torch.tensor(labels, dtype=torch.long)
-        mask_B_T[row, : len(ids)] = 1
-    return {"input_ids": ids_B_T, "attention_mask": mask_B_T, "labels": labels_B_T}
 
 
 def student_turns_for(domain: SciWorldDomain, rng: random.Random) -> Any:

@@ -87,7 +87,7 @@ def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[st
     mask_B_T = torch.zeros((len(examples), width), dtype=torch.long)
     for row, (ids, labels) in enumerate(examples):
         if len(ids) != len(labels):
-            raise ValueError(f"rose: sample {row} has {len(ids)} tokens but {len(labels)} labels")
+            raise ValueError(f"sample {row} has {len(ids)} tokens but {len(labels)} labels")
         ids_B_T[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         labels_B_T[row, : len(labels)] = torch.tensor(labels, dtype=torch.long)
         mask_B_T[row, : len(ids)] = 1
