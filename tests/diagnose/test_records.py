@@ -54,10 +54,10 @@ def test_load_by_id_prefix_and_path_and_missing(make_run: MakeRun) -> None:
 
 
 def test_unknown_method_config_still_loads_raw(make_run: MakeRun) -> None:
-    make_run("rose-run", method={"name": "rose", "prefix_tokens": 1024, "teacher_max_tokens": 1024})
-    rec = load_run("rose-run")
-    assert rec.run_config is None  # this version's RunConfig has no rose yet
-    assert rec.method == "rose" and rec.cfg("method.prefix_tokens") == 1024
+    make_run("future-run", method={"name": "future", "prefix_tokens": 1024, "teacher_max_tokens": 1024})
+    rec = load_run("future-run")
+    assert rec.run_config is None  # a method this version's RunConfig does not know
+    assert rec.method == "future" and rec.cfg("method.prefix_tokens") == 1024
     assert rec.cfg("method.nope", "dflt") == "dflt" and rec.preflight is None
 
 

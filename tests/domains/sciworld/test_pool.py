@@ -28,7 +28,7 @@ def items(variations: list[int]) -> list:
     ]
 
 
-def wait_gone(pids: list[int], timeout: float = 20.0) -> list[int]:
+def wait_gone(pids: list[int], timeout: float = 60.0) -> list[int]:
     deadline = time.time() + timeout
     while time.time() < deadline:
         alive = [p for p in pids if pid_running(p)]
@@ -74,7 +74,7 @@ def test_no_jvm_left_after_ctrl_c_or_crash(sig: int) -> None:
             os.killpg(proc.pid, signal.SIGINT)
         else:
             proc.kill()
-        proc.wait(30)
+        proc.wait(90)  # a JVM shutting down on a loaded 2-core CI machine can take tens of seconds
         assert wait_gone(pids["jvms"] + pids["workers"]) == []
     finally:
         if proc.poll() is None:
