@@ -174,9 +174,10 @@ def teacher_episodes(ctx: RunContext) -> list[dict[str, Any]]:
 def train_sft(ctx: RunContext) -> None:
     """Multi-turn teacher-SFT: CE on the teacher's turns of its own (successful) episodes."""
     from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
 
-    from distill.methods.callbacks import DistillCallback, quiet, trainer_common_args
+    from distill.methods.callbacks import trainer_common_args
+    from distill.methods.sft import fit_sft
 
     cfg = ctx.config
     method: SFTMethod = cfg.method  # type: ignore[assignment]
@@ -197,18 +198,4 @@ def train_sft(ctx: RunContext) -> None:
         dataset_num_proc=None,
     )
 
-    class _Callback(DistillCallback):
-        def on_log(self, args, state, control, logs=None, **kw):  # type: ignore[no-untyped-def]
-            if logs and "loss" in logs:
-                self.ctx.log.add({"train/ce_loss": float(logs["loss"])})
-            return super().on_log(args, state, control, logs=logs, **kw)
-
-    trainer = SFTTrainer(
-        model=ctx.student.model,
-        args=args,
-        train_dataset=dataset,
-        processing_class=ctx.student.tokenizer,
-        callbacks=[_Callback(ctx)],
-    )
-    quiet(trainer).train(resume_from_checkpoint=str(ctx.resume_from) if ctx.resume_from else None)
-    ctx.student.model = trainer.model  # type: ignore[assignment]
+    fit_sft(ctx, args, dataset)

@@ -98,9 +98,9 @@ def check_budget(ctx: RunContext, rows: list[dict[str, Any]], kept: list[dict[st
 
 def train(ctx: RunContext) -> None:
     from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
 
-    from distill.methods.callbacks import DistillCallback, quiet, trainer_common_args
+    from distill.methods.callbacks import trainer_common_args
 
     cfg = ctx.config
     method: SFTMethod = cfg.method  # type: ignore[assignment]
@@ -118,6 +118,16 @@ def train(ctx: RunContext) -> None:
         max_length=None,
         dataset_num_proc=None,
     )
+
+    fit_sft(ctx, args, dataset)
+
+
+def fit_sft(ctx: RunContext, args: Any, dataset: Any) -> None:
+    """Run `trl.SFTTrainer` on a prepared dataset, logging CE as `train/ce_loss` (teacher-SFT on
+    trajectories and on SciWorld episodes share it)."""
+    from trl import SFTTrainer
+
+    from distill.methods.callbacks import DistillCallback, quiet
 
     class _Callback(DistillCallback):
         def on_log(self, args, state, control, logs=None, **kw):  # type: ignore[no-untyped-def]
