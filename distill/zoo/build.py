@@ -195,7 +195,6 @@ def _build_model(
     from distill.config import EvalConfig
     from distill.engines.hf import HFEngine
     from distill.evals.runner import evaluate
-    from distill.progress import progress_bar
 
     torch.manual_seed(recipe.seed)
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
@@ -208,6 +207,42 @@ def _build_model(
     )
     if not examples:
         raise ValueError(f"zoo {name}: the domain gave no worked solutions to train on")
+    loss_value = fit_examples(
+        model, tokenizer, examples, recipe, recipe.batch_size, f"zoo: training {name}", show_progress
+    )
+    engine = HFEngine(model, tokenizer)
+    result = evaluate(
+        engine,
+        domain,
+        domain.eval_items(),
+        EvalConfig(),
+        label=f"zoo: eval {name}",
+        show_progress=show_progress,
+    )
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "final_loss": round(loss_value, 4),
+        "eval": {k: round(v, 4) for k, v in result.metrics.items()},
+    }
+
+
+def fit_examples(
+    model: Any,
+    tokenizer: Any,
+    examples: list[tuple[list[int], list[int]]],
+    recipe: ModelRecipe,
+    batch_size: int,
+    label: str,
+    show_progress: bool,
+) -> float:
+    """The zoo's supervised loop: AdamW, warmup + cosine to 10%, CE on the labelled tokens.
+    Returns the last loss; leaves the model in eval mode with its generation ids set."""
+    import torch
+
+    from distill.progress import progress_bar
+
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
 
     def lr_at(step: int) -> float:
@@ -220,9 +255,9 @@ def _build_model(
     gen = torch.Generator().manual_seed(recipe.seed)
     model.train()
     loss_value = float("nan")
-    with progress_bar(f"zoo: training {name}", total=recipe.steps, enabled=show_progress) as advance:
+    with progress_bar(label, total=recipe.steps, enabled=show_progress) as advance:
         for _ in range(recipe.steps):
-            idx = torch.randint(len(examples), (recipe.batch_size,), generator=gen).tolist()
+            idx = torch.randint(len(examples), (batch_size,), generator=gen).tolist()
             batch = [examples[i] for i in idx]
             width = max(len(ids) for ids, _ in batch)
             ids_B_T = torch.full((len(batch), width), tokenizer.pad_token_id, dtype=torch.long)
@@ -243,19 +278,4 @@ def _build_model(
     model.eval()
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    engine = HFEngine(model, tokenizer)
-    result = evaluate(
-        engine,
-        domain,
-        domain.eval_items(),
-        EvalConfig(),
-        label=f"zoo: eval {name}",
-        show_progress=show_progress,
-    )
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return {
-        "params": sum(p.numel() for p in model.parameters()),
-        "final_loss": round(loss_value, 4),
-        "eval": {k: round(v, 4) for k, v in result.metrics.items()},
-    }
+    return loss_value

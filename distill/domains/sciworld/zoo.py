@@ -8,7 +8,6 @@ The built model is scored by playing its domain's eval items on the simulator po
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,8 +30,7 @@ def build_agent(
     from distill.engines.hf import HFEngine
     from distill.evals.agent import AgentEvalConfig, evaluate_agent, frame_for
     from distill.methods.episodes import gold_examples
-    from distill.progress import progress_bar
-    from distill.zoo.build import _make_model
+    from distill.zoo.build import _make_model, fit_examples
 
     torch.manual_seed(recipe.seed)
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
@@ -45,45 +43,11 @@ def build_agent(
     if not items:
         raise ValueError(f"zoo {name}: no sciworld training item has a gold trajectory")
     examples = gold_examples(items, tokenizer, frame_for(tokenizer, None))
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
-
-    def lr_at(step: int) -> float:
-        if step < recipe.warmup_steps:
-            return (step + 1) / recipe.warmup_steps
-        frac = (step - recipe.warmup_steps) / max(1, recipe.steps - recipe.warmup_steps)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    gen = torch.Generator().manual_seed(recipe.seed)
     # Episodes are long (~1-2k tokens): batches of a few episodes, same number of updates.
     batch_size = max(1, min(recipe.batch_size, 8))
-    model.train()
-    loss_value = float("nan")
-    with progress_bar(
-        f"zoo: training {name} (sciworld)", total=recipe.steps, enabled=show_progress
-    ) as advance:
-        for _ in range(recipe.steps):
-            idx = torch.randint(len(examples), (batch_size,), generator=gen).tolist()
-            batch = [examples[i] for i in idx]
-            width = max(len(ids) for ids, _ in batch)
-            ids_B_T = torch.full((len(batch), width), tokenizer.pad_token_id, dtype=torch.long)
-            labels_B_T = torch.full((len(batch), width), -100, dtype=torch.long)
-            mask_B_T = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, (ids, labels) in enumerate(batch):
-                ids_B_T[row, : len(ids)] = torch.tensor(ids)
-                labels_B_T[row, : len(labels)] = torch.tensor(labels)
-                mask_B_T[row, : len(ids)] = 1
-            loss = model(input_ids=ids_B_T, attention_mask=mask_B_T, labels=labels_B_T).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            loss_value = float(loss.detach())
-            advance(1)
-    model.eval()
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    loss_value = fit_examples(
+        model, tokenizer, examples, recipe, batch_size, f"zoo: training {name} (sciworld)", show_progress
+    )
     cfg = domain.config
     result = evaluate_agent(
         HFEngine(model, tokenizer),
