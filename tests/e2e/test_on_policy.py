@@ -38,7 +38,9 @@ def test_opsd_run_end_to_end(tmp_path: Path, tiny_zoo) -> None:
 
 def test_preflight_only_trains_nothing(tmp_path: Path, tiny_zoo) -> None:
     ws = tmp_path / "ws"
-    proc = _distill(["run", "--preflight", "--domain", "rlve", "--method", "opd", *_overrides(tiny_zoo, 2, 0)], ws)
+    proc = _distill(
+        ["run", "--preflight", "--domain", "rlve", "--method", "opd", *_overrides(tiny_zoo, 2, 0)], ws
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "preflight passed" in proc.stdout and "chat template" in proc.stdout
     assert not (ws / "runs").exists() or not any((ws / "runs").iterdir())
@@ -49,8 +51,18 @@ def test_each_loss_variant_trains_without_nan_and_compares(tmp_path: Path, tiny_
     variants = ["k3", "forward_kl_topk", "jsd"]
     for loss in variants:
         proc = _distill(
-            ["run", "--domain", "rlve", "--method", "opd", *_overrides(tiny_zoo, 2, 0), f"method.loss={loss}",
-             "method.top_k=8", "eval.eval_teacher=false", f"tracking.run_name={loss}"],
+            [
+                "run",
+                "--domain",
+                "rlve",
+                "--method",
+                "opd",
+                *_overrides(tiny_zoo, 2, 0),
+                f"method.loss={loss}",
+                "method.top_k=8",
+                "eval.eval_teacher=false",
+                f"tracking.run_name={loss}",
+            ],
             ws,
         )
         assert proc.returncode == 0, (loss, proc.stderr[-3000:])
