@@ -13,12 +13,10 @@ uploading) and no `archive.json`: running it again uploads what the remote lacks
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
-import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,6 +32,7 @@ from distill.archive.hashing import (
     read_listing,
 )
 from distill.archive.manifest import read_manifest, update_manifest
+from distill.archive.tagger import MlflowTagger
 
 if TYPE_CHECKING:
     from distill.config import RunConfig
@@ -123,35 +122,23 @@ def mlflow_tags(record: dict[str, Any]) -> dict[str, str]:
     return tags
 
 
-def _open_mlflow(uri: str) -> None:
-    from mlflow.tracking import MlflowClient
-
-    MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
-
-
-def preload_mlflow(run_dirs: list[Path]) -> threading.Thread:
-    """Import mlflow and open the runs' stores on a thread while DVC hashes and uploads.
-
-    Importing mlflow and opening a sqlite store costs 3-6 s of Python, about what DVC needs to hash
-    and push 500 MB; md5 and file copies release the GIL, so on two cores the tags cost little wall
-    time instead of adding it (benchmarks/archive_push.py). A failure here only loses the head start.
-    """
+def mlflow_tagger(run_dirs: list[Path], default_uri: str) -> MlflowTagger:
+    """The MLflow tagging process for these runs' stores (and the workspace's, where unnamed runs
+    usually live), started now so it is ready when DVC is done."""
     from distill.runner import read_summary
 
     summaries = [read_summary(d) for d in run_dirs]
-    uris = {str(s.get("tracking_uri")) for s in summaries if s.get("mlflow_run_id") and s.get("tracking_uri")}
-
-    def work() -> None:
-        for uri in uris:
-            with contextlib.suppress(Exception):
-                _open_mlflow(uri)
-
-    thread = threading.Thread(target=work, name="mlflow-preload", daemon=True)
-    thread.start()
-    return thread
+    uris = [str(s["tracking_uri"]) for s in summaries if s.get("mlflow_run_id") and s.get("tracking_uri")]
+    if (
+        not uris
+        and default_uri.startswith("sqlite:///")
+        and not Path(default_uri[len("sqlite:///") :]).exists()
+    ):
+        return MlflowTagger([])  # no store to warm up (and none to create by opening it)
+    return MlflowTagger(uris or [default_uri])
 
 
-def _tag_mlflow(run_dir: Path, record: dict[str, Any]) -> str:
+def _tag_mlflow(run_dir: Path, record: dict[str, Any], tagger: MlflowTagger | None) -> str:
     """Hashes and remote as tags on the run's MLflow run, the updated manifest as its artifact."""
     from distill.runner import read_summary
 
@@ -159,12 +146,11 @@ def _tag_mlflow(run_dir: Path, record: dict[str, Any]) -> str:
     run_id, uri = summary.get("mlflow_run_id"), summary.get("tracking_uri")
     if not run_id or not uri:
         return "no MLflow run recorded in summary.json"
-    from mlflow.entities import RunTag
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
-    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in mlflow_tags(record).items()])
-    client.log_artifact(run_id, str(run_dir / MANIFEST))
+    if tagger is None:
+        with MlflowTagger([str(uri)]) as own:
+            own.tag(str(uri), str(run_id), mlflow_tags(record), run_dir / MANIFEST)
+    else:
+        tagger.tag(str(uri), str(run_id), mlflow_tags(record), run_dir / MANIFEST)
     return f"MLflow run {run_id}"
 
 
@@ -186,7 +172,9 @@ class PushResult:
     mlflow: str
 
 
-def push_run(archive: ArchiveRepo, run_dir: Path, jobs: int | None = None) -> PushResult:
+def push_run(
+    archive: ArchiveRepo, run_dir: Path, jobs: int | None = None, tagger: MlflowTagger | None = None
+) -> PushResult:
     _check_finished(run_dir)
     config = _run_config(run_dir)
     manifest = read_manifest(run_dir)
@@ -221,7 +209,7 @@ def push_run(archive: ArchiveRepo, run_dir: Path, jobs: int | None = None) -> Pu
         "outputs": outputs,
         "mlflow_run_id": manifest.get("mlflow_run_id"),
     }
-    mlflow = _tag_mlflow(run_dir, record)
+    mlflow = _tag_mlflow(run_dir, record, tagger)
     _write_json(run_dir / RECORD, record)
     return PushResult(run_dir.name, uploaded, record, mlflow)
 

@@ -54,29 +54,32 @@ def push(
     jobs: JobsOption = None,
 ) -> None:
     from distill.archive.dvcrepo import open_archive
-    from distill.archive.store import preload_mlflow, push_run, unarchived_runs
+    from distill.archive.store import mlflow_tagger, push_run, unarchived_runs
     from distill.runner import find_run_dir
     from distill.settings import get_settings
 
     settings = get_settings()
     try:
         named = [find_run_dir(settings, r) for r in runs or []]  # a typo fails before DVC is touched
+        # Started before DVC opens its repo: MLflow's start-up then runs beside all of DVC's work.
+        tagger = mlflow_tagger(named, settings.resolved_tracking_uri)
         archive = open_archive(settings)
         try:
             dirs = named or unarchived_runs(settings, archive.remote_url)
             if not dirs:
                 typer.echo(f"nothing to archive: every finished run is already in {archive.remote_url}")
                 return
-            preload_mlflow(dirs)
-            for run_dir in dirs:
-                result = push_run(archive, run_dir, jobs=jobs)
-                outputs = result.record["outputs"]
-                size = sum(int(o.get("size") or 0) for o in outputs.values())
-                typer.echo(
-                    f"{result.run_id}: {len(outputs)} outputs, {_size(size)}, {result.uploaded} files uploaded "
-                    f"to {archive.remote_url}; hashes in manifest.json and {result.mlflow}"
-                )
+            with tagger:
+                for run_dir in dirs:
+                    result = push_run(archive, run_dir, jobs=jobs, tagger=tagger)
+                    outputs = result.record["outputs"]
+                    size = sum(int(o.get("size") or 0) for o in outputs.values())
+                    typer.echo(
+                        f"{result.run_id}: {len(outputs)} outputs, {_size(size)}, {result.uploaded} files "
+                        f"uploaded to {archive.remote_url}; hashes in manifest.json and {result.mlflow}"
+                    )
         finally:
+            tagger.close()
             archive.close()
     except _errors() as exc:
         raise _fail(str(exc)) from None
