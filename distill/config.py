@@ -21,14 +21,38 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, coerce_numbers_to_str=True)
 
 
+class ServerClientConfig(Strict):
+    """How the `server` engine talks to an OpenAI-compatible vLLM server (`distill serve teacher`)."""
+
+    # Seconds one HTTP request may take before it is retried (a long continuation batch needs more).
+    timeout_s: float = Field(120.0, gt=0)
+    # Extra attempts per request after a connection error, timeout or 5xx; then the step fails.
+    retries: int = Field(2, ge=0)
+    # Seconds between attempts (doubled each time).
+    backoff_s: float = Field(1.0, ge=0)
+    # Requests in flight at once; each carries `batch_size` rows.
+    concurrency: int = Field(4, ge=1)
+    batch_size: int = Field(8, ge=1)
+
+
 class ModelConfig(Strict):
     """A student or teacher: `zoo:<name>`, a local path, or a Hugging Face id."""
 
     name: str
-    engine: Literal["hf"] = "hf"
+    # hf: transformers in this process. server: a vLLM server at `url` serving the same model
+    # (teacher only; the tokenizer is still loaded locally from `name`).
+    engine: Literal["hf", "server"] = "hf"
+    url: str | None = None
+    server: ServerClientConfig = Field(default_factory=ServerClientConfig)
     precision: Precision = "fp32"
     # None: the model family's own default; passed to chat templates as `enable_thinking`.
     enable_thinking: bool | None = None
+
+    @model_validator(mode="after")
+    def _server_needs_url(self) -> ModelConfig:
+        if self.engine == "server" and not self.url:
+            raise ValueError("engine=server needs url (e.g. teacher.url=http://127.0.0.1:8000)")
+        return self
 
 
 class DomainBase(Strict):
@@ -240,6 +264,24 @@ class RolloutConfig(Strict):
     max_new_tokens: int = Field(64, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    # Who generates the student's rollouts in the TRL-trainer methods (opd, opsd): hf is
+    # transformers' generate in the training process (the CPU default); vllm is TRL's vLLM
+    # integration (GPU, `pip install vllm` in distill's own environment).
+    engine: Literal["hf", "vllm"] = "hf"
+    # vllm only. colocate: vLLM inside each training process, sharing its GPU; server: a
+    # `trl vllm-serve` process at `vllm_server_url`, weights synced to it every step.
+    vllm_mode: Literal["colocate", "server"] = "colocate"
+    vllm_server_url: str | None = None
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    vllm_tensor_parallel_size: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _vllm_server_needs_url(self) -> RolloutConfig:
+        if self.engine == "vllm" and self.vllm_mode == "server" and not self.vllm_server_url:
+            raise ValueError(
+                "rollout.vllm_mode=server needs rollout.vllm_server_url (the `trl vllm-serve` address)"
+            )
+        return self
 
 
 class OptimConfig(Strict):
@@ -321,6 +363,24 @@ class RunConfig(Strict):
                 )
             data = {**data, "teacher": dict(student)}
         return data
+
+    @model_validator(mode="after")
+    def _student_is_local(self) -> RunConfig:
+        # The student trains in this process; only the teacher can live behind a server.
+        if self.student.engine == "server":
+            raise ValueError("student.engine=server is not supported: the student trains locally (engine=hf)")
+        if self.teacher.engine == "server":
+            from distill.engines.server import unsupported_reason
+
+            reason = unsupported_reason(self)
+            if reason:
+                raise ValueError(f"teacher.engine=server: {reason}")
+        from distill.engines import vllm
+
+        reason = vllm.unsupported_reason(self, check_install=False)
+        if reason:
+            raise ValueError(reason)
+        return self
 
 
 class ConfigError(ValueError):
@@ -438,6 +498,12 @@ def resolve_config(
     data = deep_merge(data, {"domain": {"name": domain}, "method": {"name": method}})
     for path, value in parsed:
         set_dotted(data, path, value)
+    for role in ("student", "teacher"):
+        # `teacher.engine=server teacher.url=...` alone keeps the schema's default model, as any
+        # other partial override does (opsd's teacher is the student: RunConfig fills it).
+        spec = data.get(role)
+        if isinstance(spec, dict) and "name" not in spec and not (role == "teacher" and method == "opsd"):
+            spec["name"] = f"zoo:{role}"
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:

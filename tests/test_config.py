@@ -39,7 +39,8 @@ def test_schema_defaults_validate() -> None:
 
 
 def test_all_preset_files_resolve_and_their_values_win() -> None:
-    presets = sorted(presets_dir().glob("*/*.yaml"))
+    # configs/accelerate/ holds launcher configs, not run presets.
+    presets = sorted(p for p in presets_dir().glob("*/*.yaml") if p.parent.name != "accelerate")
     assert presets, "no presets found"
     for path in presets:
         domain, method = path.parent.name, path.stem

@@ -63,6 +63,8 @@ def hardware() -> dict[str, Any]:
 
 
 def _model_info(engine: HFEngine) -> dict[str, Any]:
+    if getattr(engine, "engine", "hf") == "server":  # a served teacher: no weights in this process
+        return engine.describe()  # type: ignore[attr-defined,no-any-return]
     model = engine.model
     return {
         "path": str(model.name_or_path),

@@ -12,6 +12,7 @@ import typer
 from distill import __version__
 from distill.cli.archive import archive_app, reproduce
 from distill.cli.bridge import bridge_app
+from distill.cli.serve import serve_app
 
 app = typer.Typer(
     name="distill",
@@ -68,6 +69,15 @@ def run(
     preflight: Annotated[
         bool, typer.Option("--preflight", help="only check prompts, templates and masks; train nothing")
     ] = False,
+    launcher: Annotated[
+        str | None, typer.Option(help="accelerate: train in several processes (see configs/accelerate/)")
+    ] = None,
+    accelerate_config: Annotated[
+        Path | None, typer.Option("--accelerate-config", help="accelerate config file (DDP, ZeRO-3, FSDP)")
+    ] = None,
+    num_processes: Annotated[
+        int | None, typer.Option("--num-processes", help="training processes (with --launcher accelerate)")
+    ] = None,
 ) -> None:
     from distill.config import ConfigError, resolve_config
     from distill.settings import get_settings
@@ -83,6 +93,13 @@ def run(
         cfg = resolve_config(domain, method, config, overrides) if resume is None else None
     except ConfigError as exc:
         raise fail(str(exc)) from None
+    if launcher is not None or accelerate_config is not None or num_processes is not None:
+        from distill.launch import exec_accelerate
+
+        try:  # replaces this process by `accelerate launch ... -m distill run ...`
+            exec_accelerate(launcher, sys.argv[1:], accelerate_config, num_processes, preflight)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
     from distill.cli.report import print_run_summary
     from distill.runner import execute
 
@@ -107,7 +124,10 @@ def run(
         raise fail("interrupted; the run is marked KILLED and can be continued with --resume", 130) from None
     except Exception as exc:
         raise fail(f"run failed: {type(exc).__name__}: {exc} (traceback in the run's error.log)", 1) from None
-    print_run_summary(summary, settings)
+    from distill.launch import is_main_process
+
+    if is_main_process():  # the other ranks of a multi-process run only trained
+        print_run_summary(summary, settings)
 
 
 @app.command(name="eval", help="Evaluate a model (zoo:<name>, path, hub id or run checkpoint) on a domain.")
@@ -219,6 +239,7 @@ def compare(
 
 app.add_typer(archive_app, name="archive")
 app.add_typer(bridge_app, name="bridge")
+app.add_typer(serve_app, name="serve")
 app.command(name="reproduce")(reproduce)
 
 zoo_app = typer.Typer(

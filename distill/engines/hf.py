@@ -49,7 +49,29 @@ def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-class HFEngine:
+class ChatPrompts:
+    """Prompt rendering every engine shares, so a prompt is the same token ids whoever scores it."""
+
+    tokenizer: PreTrainedTokenizerBase
+    enable_thinking: bool | None
+    # Rendering a chat template costs ~1 ms; prompts repeat every step and every eval.
+    _prompt_cache: dict[tuple[str, str | None], list[int]]
+
+    def render(self, prompt: str, system: str | None = None) -> str:
+        """The chat-templated prompt text, ending with the assistant header."""
+        return render_chat(self.tokenizer, prompt, system, self.enable_thinking)
+
+    def encode(self, text: str) -> list[int]:
+        return encode_text(self.tokenizer, text)
+
+    def prompt_ids(self, prompt: str, system: str | None = None) -> list[int]:
+        key = (prompt, system)
+        if key not in self._prompt_cache:
+            self._prompt_cache[key] = self.encode(self.render(prompt, system))
+        return list(self._prompt_cache[key])
+
+
+class HFEngine(ChatPrompts):
     def __init__(
         self,
         model: PreTrainedModel,
@@ -59,8 +81,7 @@ class HFEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.enable_thinking = enable_thinking
-        # Rendering a chat template costs ~1 ms; prompts repeat every step and every eval.
-        self._prompt_cache: dict[tuple[str, str | None], list[int]] = {}
+        self._prompt_cache = {}
         if tokenizer.pad_token_id is None:
             raise ValueError(f"tokenizer of {model.name_or_path!r} has no pad token")
 
@@ -93,19 +114,6 @@ class HFEngine:
             ids.update(gen_eos)
         return {i for i in ids if i is not None}
 
-    def render(self, prompt: str, system: str | None = None) -> str:
-        """The chat-templated prompt text, ending with the assistant header."""
-        return render_chat(self.tokenizer, prompt, system, self.enable_thinking)
-
-    def encode(self, text: str) -> list[int]:
-        return encode_text(self.tokenizer, text)
-
-    def prompt_ids(self, prompt: str, system: str | None = None) -> list[int]:
-        key = (prompt, system)
-        if key not in self._prompt_cache:
-            self._prompt_cache[key] = self.encode(self.render(prompt, system))
-        return list(self._prompt_cache[key])
-
     def left_pad(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
@@ -127,11 +135,19 @@ class HFEngine:
         top_p: float = 1.0,
         batch_size: int = 64,
         progress: Callable[[int], None] | None = None,
+        suppress_tokens: Sequence[int] = (),
     ) -> list[Completion]:
-        """One completion per prompt row (repeat rows for k samples). temperature 0 is greedy."""
+        """One completion per prompt row (repeat rows for k samples). temperature 0 is greedy.
+
+        `suppress_tokens` are never generated (on top of the model's own generation config).
+        """
         import torch
 
         eos = self.eos_ids
+        suppress: dict[str, Any] = {}
+        if suppress_tokens:
+            before = self.model.generation_config.suppress_tokens or []
+            suppress["suppress_tokens"] = sorted(set(before) | set(suppress_tokens))
         out: list[Completion] = []
         for start in range(0, len(prompt_ids), batch_size):
             chunk = prompt_ids[start : start + batch_size]
@@ -149,6 +165,7 @@ class HFEngine:
                     pad_token_id=self.tokenizer.pad_token_id,
                     eos_token_id=sorted(eos),
                     **sampling,
+                    **suppress,
                 )
             for row in generated[:, ids.shape[1] :].tolist():
                 cut = next((i for i, tok in enumerate(row) if tok in eos), None)
@@ -196,3 +213,44 @@ class HFEngine:
                     )
                 results.append(row)
         return results
+
+    def score_topk(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+        k: int,
+        batch_size: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The teacher's top-k ids and logprobs at each completion position, [B, T_max, k].
+
+        Prompts left-padded, completions right-padded to the longest row (the trainer's layout), so
+        the completion starts at one column; positions past a row's length hold id 0, logprob 0.
+        """
+        import torch
+
+        from distill.methods.scoring import completion_states
+
+        if len(prompt_ids) != len(completion_ids):
+            raise ValueError(f"score_topk: {len(prompt_ids)} prompts but {len(completion_ids)} completions")
+        width = max((len(c) for c in completion_ids), default=0)
+        pad = self.tokenizer.pad_token_id
+        comp_B_T = torch.full((len(completion_ids), width), pad, dtype=torch.long)
+        mask_B_T = torch.zeros((len(completion_ids), width), dtype=torch.long)
+        for i, row in enumerate(completion_ids):
+            comp_B_T[i, : len(row)] = torch.tensor(list(row), dtype=torch.long)
+            mask_B_T[i, : len(row)] = 1
+        prompt_B_P, prompt_mask_B_P = self.left_pad(prompt_ids)
+        device = self.model.device
+        # no_grad, not inference_mode: the trainer's loss saves these tensors for backward.
+        with torch.no_grad():
+            hidden_B_T_H = completion_states(
+                self.model,
+                prompt_B_P.to(device),
+                prompt_mask_B_P.to(device),
+                comp_B_T.to(device),
+                mask_B_T.to(device),
+            )
+            head = self.model.get_output_embeddings()
+            top = torch.log_softmax(head(hidden_B_T_H).float(), dim=-1).topk(k, dim=-1)
+        keep_B_T_1 = mask_B_T.to(device).bool().unsqueeze(-1)
+        return top.indices * keep_B_T_1, top.values * keep_B_T_1

@@ -40,6 +40,8 @@ class DistillCallback(TrainerCallback):
     ):
         from distill.progress import StepBar
 
+        if not state.is_world_process_zero:
+            return  # one progress bar per run, rank 0's
         self._bar = StepBar(f"training {self.ctx.config.method.name}", state.max_steps, state.global_step)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any):
@@ -75,8 +77,11 @@ class DistillCallback(TrainerCallback):
         for key, value in logs.items():
             if key in RENAME and isinstance(value, (int, float)):
                 metrics[RENAME[key]] = float(value)
+        from distill.launch import reduce_metrics
+
         pending = self.ctx.log.pending
-        metrics.update(pending)
+        # Every rank calls on_log at the same step: the figures become the whole step's.
+        metrics.update(reduce_metrics(pending))
         pending.clear()
         metrics["perf/step_time_s"] = self._last_step_time
         tokens = metrics.pop("_tokens", None)
@@ -87,9 +92,13 @@ class DistillCallback(TrainerCallback):
             self._bar.update(state.global_step, metrics)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any):
+        from distill.launch import barrier
+
+        # Every rank writes its part (its RNG state, its shards) before rank 0 commits the folder.
+        barrier()
         src = Path(str(args.output_dir)) / f"checkpoint-{state.global_step}"
         dst = Path(str(args.output_dir)) / f"step-{state.global_step}"
-        if src.is_dir():
+        if src.is_dir() and state.is_world_process_zero:
             if dst.exists():
                 import shutil
 

@@ -40,6 +40,38 @@ def _right_pad(rows: Sequence[Sequence[float]], shape: torch.Size) -> torch.Tens
     return out_B_T
 
 
+def _pad_width(values_B_T_K: torch.Tensor, width: int) -> torch.Tensor:
+    """Zero-pad (or check) the time axis to the trainer's completion width."""
+    have = values_B_T_K.shape[1]
+    if have > width:
+        raise ValueError(f"teacher top-k covers {have} completion positions but the batch has {width}")
+    return torch.nn.functional.pad(values_B_T_K, (0, 0, 0, width - have))
+
+
+def _student_states(model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+    """The student's final hidden states at the completion positions, for the divergence losses.
+
+    One process: the decoder alone (`completion_states`). Several: through the DDP wrapper's own
+    forward, or DDP would not average the gradients; its `hidden_states[-1]` is bitwise the
+    decoder's last_hidden_state (transformers 5), and `logits_to_keep=1` keeps the head off the
+    sequence (the loss applies it).
+    """
+    from distill.launch import world_size
+
+    prompt_B_P, mask_B_T = inputs["prompt_ids"], inputs["completion_mask"]
+    if world_size() == 1:
+        return completion_states(model, prompt_B_P, inputs["prompt_mask"], inputs["completion_ids"], mask_B_T)
+    out = model(
+        input_ids=torch.cat([prompt_B_P, inputs["completion_ids"]], dim=1),
+        attention_mask=torch.cat([inputs["prompt_mask"], mask_B_T], dim=1),
+        output_hidden_states=True,
+        logits_to_keep=1,
+        use_cache=False,
+    )
+    width_P, width_T = prompt_B_P.shape[1], mask_B_T.shape[1]
+    return out.hidden_states[-1][:, width_P - 1 : width_P - 1 + width_T]
+
+
 def make_trainer_class() -> type:
     from trl import GRPOTrainer
 
@@ -85,24 +117,24 @@ def make_trainer_class() -> type:
             else:
                 out["advantages"] = torch.zeros_like(completion_mask_B_T, dtype=torch.float32)
                 out["teacher_logps"] = _right_pad(teacher_rows, completion_mask_B_T.shape).to(device)
-                if method.loss in ("forward_kl_topk", "jsd"):
+                if method.loss == "forward_kl_topk":
+                    # Engine-level, so a served teacher (prompt top-k logprobs) works as the hf one.
+                    top_ids, top_logps = ctx.teacher.score_topk(
+                        teacher_prompts, completion_rows, method.top_k
+                    )
+                    width = completion_mask_B_T.shape[1]
+                    out["teacher_topk_ids"] = _pad_width(top_ids, width).to(device)
+                    out["teacher_topk_logps"] = _pad_width(top_logps, width).to(device)
+                elif method.loss == "jsd":
                     tp_ids, tp_mask = ctx.teacher.left_pad(teacher_prompts)
                     with torch.no_grad():
-                        hidden_B_T_H = completion_states(
+                        out["teacher_hidden"] = completion_states(
                             ctx.teacher.model,
                             tp_ids.to(device),
                             tp_mask.to(device),
                             out["completion_ids"],
                             completion_mask_B_T,
                         )
-                    if method.loss == "jsd":
-                        out["teacher_hidden"] = hidden_B_T_H
-                    else:
-                        with torch.no_grad():
-                            head = ctx.teacher.model.get_output_embeddings()
-                            logprobs_B_T_V = torch.log_softmax(head(hidden_B_T_H).float(), dim=-1)
-                            top = logprobs_B_T_V.topk(method.top_k, dim=-1)
-                        out["teacher_topk_ids"], out["teacher_topk_logps"] = top.indices, top.values
             teacher_time = time.perf_counter() - t0
             if ctx.config.preflight and not self.preflight_done:
                 self._preflight_first_batch(out, items, prompt_rows, completion_rows)
@@ -190,10 +222,8 @@ def make_trainer_class() -> type:
         def _divergence_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
             method = self.kl_config
             mask_B_T = inputs["completion_mask"]
-            hidden_B_T_H = completion_states(
-                model, inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"], mask_B_T
-            )
-            head = model.get_output_embeddings()
+            hidden_B_T_H = _student_states(model, inputs)
+            head = self.accelerator.unwrap_model(model).get_output_embeddings()
             if method.loss == "jsd":
                 teacher_head = self.distill_ctx.teacher.model.get_output_embeddings()
                 return losses.jsd_loss(
@@ -224,9 +254,18 @@ def train_on_policy(ctx: RunContext, teacher_prompt: PromptFor, callbacks: Seque
     from datasets import Dataset
     from trl import GRPOConfig
 
+    from distill.engines import vllm as vllm_engine
+    from distill.launch import per_device, sharded
     from distill.methods.callbacks import DistillCallback, quiet, trainer_common_args
 
     cfg = ctx.config
+    if sharded() and cfg.method.loss != "token_reward_direct":  # type: ignore[union-attr]
+        # The divergence losses apply the student's head outside the wrapper's forward, where
+        # ZeRO-3 / FSDP hold only a shard of it.
+        raise ValueError(
+            f"method.loss={cfg.method.loss} trains in several processes with DDP only, not DeepSpeed or "  # type: ignore[union-attr]
+            "FSDP; use method.loss=token_reward_direct (TRL's GRPO loss) or configs/accelerate/ddp.yaml"
+        )
     items = ctx.domain.train_items()
     ctx.extras["items"] = items
     # Conversational prompts: TRL renders them with the chat template and tokenises without adding
@@ -236,10 +275,11 @@ def train_on_policy(ctx: RunContext, teacher_prompt: PromptFor, callbacks: Seque
         for i, item in enumerate(items)
     ]
     thinking = ctx.student.enable_thinking
-    per_step = cfg.rollout.prompts_per_step * cfg.rollout.num_generations
     args = GRPOConfig(
         **trainer_common_args(ctx),
-        per_device_train_batch_size=per_step,
+        # rollout.prompts_per_step is the global batch, split over the training processes.
+        per_device_train_batch_size=per_device(cfg.rollout.prompts_per_step, "rollout.prompts_per_step")
+        * cfg.rollout.num_generations,
         num_generations=cfg.rollout.num_generations,
         max_completion_length=cfg.rollout.max_new_tokens,
         temperature=cfg.rollout.temperature,
@@ -253,6 +293,7 @@ def train_on_policy(ctx: RunContext, teacher_prompt: PromptFor, callbacks: Seque
         shuffle_dataset=True,
         log_completions=False,
         chat_template_kwargs={} if thinking is None else {"enable_thinking": thinking},
+        **vllm_engine.trainer_args(cfg.rollout),
     )
     trainer = make_trainer_class()(
         model=ctx.student.model,

@@ -156,14 +156,14 @@ def teacher_continuations(ctx: RunContext, bridge: TokenizerBridge, rollouts: li
     for flag, indices in groups.items():
         if not indices:
             continue
-        with thinking.suppressed(teacher.model, suppress if flag else []):
-            completions = teacher.generate(
-                [rows[i] for i in indices],
-                max_new_tokens=method.teacher_max_tokens,
-                temperature=method.teacher_temperature,
-                top_p=ctx.config.rollout.top_p,
-                batch_size=ctx.config.eval.batch_size,
-            )
+        completions = teacher.generate(
+            [rows[i] for i in indices],
+            max_new_tokens=method.teacher_max_tokens,
+            temperature=method.teacher_temperature,
+            top_p=ctx.config.rollout.top_p,
+            batch_size=ctx.config.eval.batch_size,
+            suppress_tokens=suppress if flag else [],
+        )
         for i, comp in zip(indices, completions, strict=True):
             r = rollouts[i]
             r.teacher_ids, r.teacher_truncated = list(comp.ids), comp.truncated

@@ -9,9 +9,7 @@ continuation must not open a second one, so generation suppresses the `<think>` 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -46,18 +44,3 @@ def think_open_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     if not isinstance(token_id, int) or token_id == tokenizer.unk_token_id:
         return []
     return [token_id]
-
-
-@contextmanager
-def suppressed(model: Any, token_ids: Sequence[int]) -> Iterator[None]:
-    """Generation with `token_ids` never sampled (transformers' suppress_tokens), restored after."""
-    if not token_ids:
-        yield
-        return
-    config = model.generation_config
-    before = config.suppress_tokens
-    config.suppress_tokens = sorted(set(before or []) | set(token_ids))
-    try:
-        yield
-    finally:
-        config.suppress_tokens = before

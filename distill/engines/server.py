@@ -1,0 +1,353 @@
+"""The `server` engine: teacher scoring and continuation against an OpenAI-compatible vLLM server.
+
+The teacher runs elsewhere (`distill serve teacher`, or any `vllm serve ... --max-logprobs -1`);
+this process keeps only its tokenizer, loaded from the same model path, so prompts render
+exactly as with the hf engine. Token ids go over the wire, never text, so nothing is
+re-tokenised:
+
+- `score`: `/v1/completions` with the ids of prompt + completion as the prompt and
+  `prompt_logprobs`; the logprob of each completion token is read at its position.
+- `score_topk`: the same request with `prompt_logprobs=k` (forward_kl_topk).
+- `generate`: `/v1/completions` from token ids, `return_token_ids` for the generated ids (ROSE).
+
+Rows go in batches, a bounded number of requests in flight; a request that fails to connect,
+times out or gets a 5xx is retried `retries` times with backoff, then the step fails with a
+`ServerError` naming the URL and the rows. A length mismatch is an error, never a truncation.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from distill.config import ServerClientConfig
+from distill.engines.hf import ChatPrompts, Completion
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from distill.config import RunConfig
+
+# vLLM ignores the API key unless started with --api-key; the header keeps other servers happy.
+HEADERS = {"Content-Type": "application/json", "Authorization": "Bearer EMPTY"}
+
+
+class ServerError(RuntimeError):
+    """The teacher server failed a request (down, timed out, refused, or answered inconsistently)."""
+
+
+def unsupported_reason(config: RunConfig) -> str | None:
+    """Why this run cannot use a teacher behind a server (it needs the teacher's weights in-process)."""
+    method = config.method
+    if config.domain.name == "sciworld":
+        return "sciworld's episode methods score and continue turns with the teacher's weights in-process (use teacher.engine=hf)"
+    if method.name == "opsd":
+        return "opsd's teacher is the student's own weights; it cannot be served (use teacher.engine=hf)"
+    if getattr(method, "loss", None) == "jsd":
+        return (
+            "method.loss=jsd needs the teacher's hidden states and full vocabulary head in-process; "
+            "use forward_kl_topk (served top-k logprobs) or teacher.engine=hf"
+        )
+    return None
+
+
+class ServerEngine(ChatPrompts):
+    """A teacher behind `url`: the hf engine's teacher interface, over HTTP."""
+
+    engine = "server"
+
+    def __init__(
+        self,
+        url: str,
+        tokenizer: PreTrainedTokenizerBase,
+        served_model: str,
+        options: ServerClientConfig | None = None,
+        enable_thinking: bool | None = None,
+        eos_ids: set[int] | None = None,
+        path: str = "",
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.tokenizer = tokenizer
+        self.served_model = served_model
+        self.options = options or ServerClientConfig()
+        self.enable_thinking = enable_thinking
+        self.path = path
+        self._eos = {i for i in (eos_ids or set()) | {tokenizer.eos_token_id} if i is not None}
+        self._prompt_cache = {}
+
+    @classmethod
+    def load(
+        cls,
+        path: str,
+        url: str,
+        options: ServerClientConfig | None = None,
+        enable_thinking: bool | None = None,
+    ) -> ServerEngine:
+        """The local tokenizer of `path` + the server's model, checked to tokenise alike."""
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        # The hf engine stops at the tokenizer's EOS and the model's generation EOS ids: the same here.
+        eos: set[int] = set()
+        try:
+            if (Path(path) / "generation_config.json").exists() or not Path(path).exists():
+                gen_eos = GenerationConfig.from_pretrained(path).eos_token_id
+            else:
+                gen_eos = AutoConfig.from_pretrained(path).eos_token_id
+        except (OSError, ValueError):
+            gen_eos = None
+        eos.update([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])
+        engine = cls(url, tokenizer, "", options, enable_thinking, eos, path)
+        models = engine._request("GET", "/v1/models", None, "model list")
+        served = [m["id"] for m in models.get("data", [])]
+        if not served:
+            raise ServerError(f"teacher server {engine.url} serves no model")
+        engine.served_model = served[0]
+        engine.check_tokenizer()
+        return engine
+
+    # --- the rest of the hf engine's teacher interface (prompts come from ChatPrompts) ---
+
+    @property
+    def model(self) -> Any:
+        # AttributeError keeps hasattr()/getattr(..., None) probes working; direct use gets the reason.
+        raise AttributeError(
+            f"teacher.engine=server ({self.url}): the teacher's weights are not in this process; "
+            "this code path needs teacher.engine=hf"
+        )
+
+    @property
+    def eos_ids(self) -> set[int]:
+        return set(self._eos)
+
+    def describe(self) -> dict[str, Any]:
+        """What the run manifest records about this teacher."""
+        return {
+            "engine": "server",
+            "url": self.url,
+            "served_model": self.served_model,
+            "path": self.path,
+            "vocab": len(self.tokenizer),
+        }
+
+    def check_tokenizer(self) -> None:
+        """The server's tokenizer must give the local ids, or every score would be of other tokens."""
+        probe = self.render("Sort: 3 1 2. What is 12 times 7?")
+        body = {"model": self.served_model, "prompt": probe, "add_special_tokens": False}
+        remote = self._request("POST", "/tokenize", body, "tokenizer check").get("tokens")
+        local = self.encode(probe)
+        if remote != local:
+            raise ServerError(
+                f"teacher server {self.url} tokenises differently from the local tokenizer of "
+                f"{self.path or self.served_model!r} (server {remote[:12] if remote else remote}..., "
+                f"local {local[:12]}...): serve the same model as teacher.name"
+            )
+
+    # --- teacher work ---
+
+    def score(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+        batch_size: int | None = None,
+        top_k: int = 0,
+    ) -> list[list[float]]:
+        """Log-probability of each completion token given its prompt; exactly len(completion) each."""
+        rows = self._prompt_logprobs(prompt_ids, completion_ids, 0, batch_size)
+        out = []
+        for i, (positions, comp) in enumerate(zip(rows, completion_ids, strict=True)):
+            row = []
+            for pos, (entries, tok) in enumerate(zip(positions, comp, strict=True)):
+                entry = entries.get(str(tok))
+                if entry is None:
+                    raise ServerError(
+                        f"teacher server {self.url}: row {i} position {pos} has no logprob for token {tok}"
+                    )
+                row.append(float(entry["logprob"]))
+            out.append(row)
+        return out
+
+    def score_topk(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+        k: int,
+        batch_size: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The teacher's top-k ids and logprobs at each completion position, [B, T_max, k], right-padded."""
+        import torch
+
+        rows = self._prompt_logprobs(prompt_ids, completion_ids, k, batch_size)
+        width = max((len(c) for c in completion_ids), default=0)
+        ids_B_T_K = torch.zeros((len(rows), width, k), dtype=torch.long)
+        logps_B_T_K = torch.zeros((len(rows), width, k), dtype=torch.float32)
+        for i, positions in enumerate(rows):
+            for t, entries in enumerate(positions):
+                # The sampled token is always returned too; keep the top-k by rank only.
+                top = sorted(
+                    ((int(tok), float(e["logprob"])) for tok, e in entries.items() if int(e["rank"]) <= k),
+                    key=lambda pair: -pair[1],
+                )
+                if len(top) < k:
+                    raise ServerError(
+                        f"teacher server {self.url}: row {i} position {t} returned {len(top)} of top-{k} "
+                        "logprobs (start the server with --max-logprobs -1)"
+                    )
+                ids_B_T_K[i, t] = torch.tensor([tok for tok, _ in top[:k]])
+                logps_B_T_K[i, t] = torch.tensor([lp for _, lp in top[:k]])
+        return ids_B_T_K, logps_B_T_K
+
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        batch_size: int | None = None,
+        progress: Callable[[int], None] | None = None,
+        suppress_tokens: Sequence[int] = (),
+    ) -> list[Completion]:
+        """One completion per prompt row, from token ids; temperature 0 is greedy."""
+        eos = self.eos_ids
+        params: dict[str, Any] = {
+            "max_tokens": max_new_tokens,
+            "temperature": temperature,
+            "top_p": top_p if temperature > 0 else 1.0,
+            "top_k": 0,  # 0 disables top-k in vLLM
+            "stop_token_ids": sorted(eos),
+            "return_token_ids": True,
+            "skip_special_tokens": True,
+        }
+        if suppress_tokens:
+            # vLLM clamps biases to [-100, 100]: after log-softmax that token is never drawn.
+            params["logit_bias"] = {str(t): -100.0 for t in suppress_tokens}
+
+        def parse(start: int, choice: dict[str, Any]) -> list[int]:
+            ids = choice.get("token_ids")
+            if ids is None:
+                raise ServerError(f"teacher server {self.url}: no token_ids for row {start} (vLLM too old?)")
+            return [int(t) for t in ids]
+
+        generated = self._batched(prompt_ids, params, parse, "generate", batch_size, progress)
+        out = []
+        for row in generated:
+            cut = next((i for i, tok in enumerate(row) if tok in eos), None)
+            kept = row if cut is None else row[: cut + 1]
+            text = str(self.tokenizer.decode(kept, skip_special_tokens=True))
+            out.append(Completion(ids=kept, text=text, truncated=cut is None))
+        return out
+
+    # --- transport ---
+
+    def _prompt_logprobs(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+        k: int,
+        batch_size: int | None,
+    ) -> list[list[dict[str, Any]]]:
+        """Per row, the server's prompt-logprob entries at the completion positions."""
+        if len(prompt_ids) != len(completion_ids):
+            raise ValueError(f"score: {len(prompt_ids)} prompts but {len(completion_ids)} completions")
+        rows = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
+        params = {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": k}
+
+        def parse(index: int, choice: dict[str, Any]) -> list[dict[str, Any]]:
+            entries = choice.get("prompt_logprobs")
+            n_prompt, n = len(prompt_ids[index]), len(completion_ids[index])
+            if entries is None or len(entries) != n_prompt + n:
+                got = None if entries is None else len(entries)
+                raise ServerError(
+                    f"teacher server {self.url}: row {index} has {n_prompt} prompt + {n} completion tokens "
+                    f"but {got} prompt logprobs"
+                )
+            if n and n_prompt == 0:
+                raise ValueError(f"score: row {index} has an empty prompt")
+            return list(entries[n_prompt:])
+
+        return self._batched(rows, params, parse, "score", batch_size, None)
+
+    def _batched(
+        self,
+        rows: Sequence[Sequence[int]],
+        params: dict[str, Any],
+        parse: Callable[[int, dict[str, Any]], Any],
+        what: str,
+        batch_size: int | None,
+        progress: Callable[[int], None] | None,
+    ) -> list[Any]:
+        """`/v1/completions` over chunks of rows, `concurrency` in flight, results in row order."""
+        size = batch_size or self.options.batch_size
+        size = min(size, self.options.batch_size)
+        starts = list(range(0, len(rows), size))
+
+        def one(start: int) -> list[Any]:
+            chunk = [list(r) for r in rows[start : start + size]]
+            body = {"model": self.served_model, "prompt": chunk, **params}
+            label = f"{what} rows {start}-{start + len(chunk) - 1}"
+            choices = self._request("POST", "/v1/completions", body, label).get("choices") or []
+            if len(choices) != len(chunk):
+                raise ServerError(
+                    f"teacher server {self.url}: {label}: {len(chunk)} prompts but {len(choices)} choices"
+                )
+            ordered = sorted(choices, key=lambda c: int(c["index"]))
+            return [parse(start + j, c) for j, c in enumerate(ordered)]
+
+        if not starts:
+            return []
+        out: list[Any] = []
+        with ThreadPoolExecutor(max_workers=min(self.options.concurrency, len(starts))) as pool:
+            for parsed in pool.map(one, starts):  # in row order; progress from this thread only
+                out.extend(parsed)
+                if progress is not None:
+                    progress(len(parsed))
+        return out
+
+    def _request(self, method: str, route: str, body: dict[str, Any] | None, label: str) -> dict[str, Any]:
+        """One JSON request with timeout and retries; every failure names the URL and what was asked."""
+        opts = self.options
+        data = json.dumps(body).encode() if body is not None else None
+        last = ""
+        for attempt in range(opts.retries + 1):
+            if attempt:
+                time.sleep(opts.backoff_s * 2 ** (attempt - 1))
+            request = urllib.request.Request(self.url + route, data=data, headers=HEADERS, method=method)
+            try:
+                with urllib.request.urlopen(request, timeout=opts.timeout_s) as response:
+                    payload = response.read()
+            except urllib.error.HTTPError as err:
+                detail = err.read().decode(errors="replace")[:500]
+                if err.code < 500:  # the request itself is wrong: retrying cannot help
+                    raise ServerError(
+                        f"teacher server {self.url}{route} refused {label}: HTTP {err.code}: {detail}"
+                    ) from None
+                last = f"HTTP {err.code}: {detail}"
+                continue
+            except (
+                urllib.error.URLError,
+                OSError,
+                http.client.HTTPException,
+            ) as err:  # refused, reset, timeout
+                reason = getattr(err, "reason", err)
+                last = f"{type(reason).__name__}: {reason}"
+                continue
+            try:
+                return dict(json.loads(payload))
+            except ValueError:
+                raise ServerError(
+                    f"teacher server {self.url}{route} answered {label} with non-JSON: {payload[:200]!r}"
+                ) from None
+        raise ServerError(
+            f"teacher server {self.url}{route} failed {label} after {opts.retries + 1} attempts "
+            f"(timeout {opts.timeout_s:g}s each): {last}. Is it running? (`distill serve teacher`)"
+        )
