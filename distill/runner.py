@@ -91,8 +91,13 @@ def execute(
     resume: str | None = None,
     say: Say = print,
 ) -> dict[str, Any]:
+    from distill import launch
     from distill.methods.context import last_checkpoint
 
+    # Under `accelerate launch` every process runs this: rank 0 owns the run dir and MLflow run.
+    launch.init_distributed()
+    if not launch.is_main_process():
+        return launch.train_worker(settings)
     argv = argv if argv is not None else sys.argv
     if resume is not None:
         run_dir = find_run_dir(settings, resume)
@@ -129,18 +134,26 @@ def execute(
     summary["mlflow_run_id"] = tracker.run_id
     summary["tracking_uri"] = config.tracking.uri or settings.resolved_tracking_uri
     write_summary(run_dir, summary)
+    # The other ranks start only once the run exists in both places (a rank failing early must not
+    # get rank 0 killed in the middle of creating the MLflow store).
+    launch.share((str(run_dir), str(resume_from) if resume_from else None))
+    domains: list[Any] = []  # closed below, also on error / Ctrl-C: a domain may hold simulators
     try:
-        _train_and_evaluate(config, settings, run_dir, tracker, summary, resume_from, argv, say)
+        _train_and_evaluate(config, settings, run_dir, tracker, summary, resume_from, argv, say, domains)
     except BaseException as exc:
         import traceback
 
         status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
-        summary.update(status=status, error=f"{type(exc).__name__}: {exc}")
+        # A SIGTERM from the launcher can surface wrapped (e.g. inside a lazy import): name it.
+        summary.update(status=status, error=launch.stopped_message() or f"{type(exc).__name__}: {exc}")
         (run_dir / "error.log").write_text(traceback.format_exc())
         summary["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
         write_summary(run_dir, summary)
         tracker.finish(status, error=summary["error"])
         raise
+    finally:
+        for domain in domains:
+            domain.close()
     summary["status"] = "FINISHED"
     summary["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     summary.pop("error", None)
@@ -201,9 +214,13 @@ def _load_engine(spec: ModelConfig, config: RunConfig, settings: Settings) -> HF
     from distill.engines.hf import HFEngine
     from distill.zoo import resolve_model
 
-    return HFEngine.load(
-        resolve_model(spec.name, config.domain, settings), spec.precision, spec.enable_thinking
-    )
+    path = resolve_model(spec.name, config.domain, settings)
+    if spec.engine == "server":  # RunConfig has checked the method can use a served teacher
+        from distill.engines.server import ServerEngine
+
+        # Duck-typed as the hf engine's teacher interface (prompt_ids, score, score_topk, generate).
+        return ServerEngine.load(path, str(spec.url), spec.server, spec.enable_thinking)  # type: ignore[return-value]
+    return HFEngine.load(path, spec.precision, spec.enable_thinking)
 
 
 def _train_and_evaluate(
@@ -215,6 +232,7 @@ def _train_and_evaluate(
     resume_from: Path | None,
     argv: list[str],
     say: Say,
+    domains: list[Any] | None = None,
 ) -> None:
     import warnings
 
@@ -223,7 +241,6 @@ def _train_and_evaluate(
     from transformers import set_seed
 
     from distill.domains import build_domain
-    from distill.evals.runner import evaluate
     from distill.methods import get_method
     from distill.methods.context import RunContext, StepLog, eval_metric_names
 
@@ -234,7 +251,15 @@ def _train_and_evaluate(
     transformers.utils.logging.disable_progress_bar()
     start = time.time()
     set_seed(config.seed)
+    train = get_method(config.method.name, config.domain.name)  # a method the domain lacks fails here
+    from distill.engines import vllm
+
+    if reason := vllm.unsupported_reason(config):
+        raise ValueError(reason)
     domain = build_domain(config.domain)
+    if domains is not None:
+        domains.append(domain)
+    evaluate = _evaluator(domain)
     student = _load_engine(config.student, config, settings)
     teacher = _load_engine(config.teacher, config, settings)
     # After the engines load: a zoo build (inside _load_engine) keeps torch's default threads, so
@@ -284,7 +309,7 @@ def _train_and_evaluate(
         evaluate_student=evaluate_student,
     )
     say(f"training: {config.method.name} for {config.optim.max_steps} steps")
-    get_method(config.method.name)(ctx)
+    train(ctx)
     student.model.eval()
     after = run_eval(student, "eval: student (after)", config.optim.max_steps)
     summary["student_after"] = after.metrics
@@ -317,14 +342,33 @@ def preflight_only(config: RunConfig, settings: Settings, say: Say) -> str:
     from distill.domains import build_domain
 
     domain = build_domain(config.domain)
-    student = _load_engine(config.student, config, settings)
-    teacher = _load_engine(config.teacher, config, settings)
-    text = _preflight(config.model_copy(update={"preflight": True}), domain, student, teacher, say)
+    try:
+        student = _load_engine(config.student, config, settings)
+        teacher = _load_engine(config.teacher, config, settings)
+        text = _preflight(config.model_copy(update={"preflight": True}), domain, student, teacher, say)
+    finally:
+        domain.close()
     if text is None:
         say(f"preflight: nothing to check for method {config.method.name} (no teacher scores student tokens)")
         return ""
     return text
 
 
+def _evaluator(domain: Any) -> Any:
+    """The eval of a run on `domain`: single-turn responses, or episodes for a multi-turn domain."""
+    if domain.multi_turn:
+        from distill.evals.agent import evaluate_in_run
+
+        return evaluate_in_run
+    from distill.evals.runner import evaluate
+
+    return evaluate
+
+
 def _score_line(label: str, metrics: dict[str, float]) -> str:
+    if "success" in metrics:  # multi-turn agent eval (sciworld): the reference's three metrics
+        return (
+            f"{label}: Score {metrics['score']:.3f}, Success {metrics['success']:.1%}, "
+            f"Pass(>0) {metrics['pass_gt0']:.1%} ({int(metrics['items'])} episodes)"
+        )
     return f"{label}: accuracy {metrics['accuracy']:.1%} ({int(metrics['solved'])}/{int(metrics['items'])} solved)"

@@ -17,6 +17,11 @@ console = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def _pct(metrics: dict[str, float] | None, key: str = "accuracy") -> str:
+    if metrics and key == "accuracy" and key not in metrics and "success" in metrics:
+        # A multi-turn domain (sciworld) reports Score / Success / Pass(>0) instead of accuracy.
+        return (
+            f"Score {metrics['score']:.3f} Success {metrics['success']:.0%} Pass>0 {metrics['pass_gt0']:.0%}"
+        )
     if not metrics or key not in metrics:
         return "-"
     return f"{metrics[key]:.1%}"
@@ -33,9 +38,12 @@ def print_run_summary(summary: dict[str, Any], settings: Settings) -> None:
     console.print(
         f"[bold]run {summary['run_id']}[/bold]  {summary['status']}  ({summary.get('seconds', 0):.0f} s)"
     )
-    console.print(f"  student  accuracy {_pct(before)} -> {_pct(after)}  ({delta:+.1f} points)")
+    if "success" in after:  # multi-turn domain: _pct shows its three metrics
+        console.print(f"  student  {_pct(before)} -> {_pct(after)}")
+    else:
+        console.print(f"  student  accuracy {_pct(before)} -> {_pct(after)}  ({delta:+.1f} points)")
     if teacher:
-        console.print(f"  teacher  accuracy {_pct(teacher)}")
+        console.print(f"  teacher  {'' if 'success' in teacher else 'accuracy '}{_pct(teacher)}")
     diag = summary.get("diagnose")
     if diag:
         counts = ", ".join(f"{n} {label}" for label, n in diag["counts"].items() if n and label != "info")
@@ -64,7 +72,7 @@ SORTS = ("started", "accuracy", "method", "domain", "status", "id")
 
 def _accuracy(summary: dict[str, Any]) -> float:
     after = summary.get("student_after") or {}
-    value = after.get("accuracy") if isinstance(after, dict) else None
+    value = after.get("accuracy", after.get("score")) if isinstance(after, dict) else None
     return float(value) if isinstance(value, int | float) else float("-inf")
 
 

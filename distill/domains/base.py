@@ -36,6 +36,8 @@ class Score:
 
 class Domain(ABC):
     name: str
+    # Multi-turn domains (sciworld) are evaluated and trained on episodes, not single responses.
+    multi_turn: bool = False
 
     @abstractmethod
     def train_items(self) -> list[Item]: ...
@@ -63,6 +65,10 @@ class Domain(ABC):
         if item.solution:
             return item.solution
         return f"The final answer is \\boxed{{{item.answer}}}."
+
+    def close(self) -> None:
+        """Release what the domain holds (worker processes, simulators); the runner always calls it."""
+        return None  # most domains hold nothing
 
     def corpus(self) -> list[str]:
         """Texts a locally trained tokenizer should cover (prompts and solutions)."""

@@ -13,7 +13,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distill.zoo.recipes import BUILD_VERSION, RECIPES, ModelRecipe, Recipe, TokenizerRecipe, ZooEntry
+from distill.zoo.recipes import (
+    BUILD_VERSION,
+    ModelRecipe,
+    Recipe,
+    TokenizerRecipe,
+    ZooEntry,
+    recipes_for,
+)
 
 if TYPE_CHECKING:
     from distill.config import DomainConfig
@@ -44,17 +51,24 @@ def _lookup(name: str, recipes: Mapping[str, Recipe]) -> Recipe:
         raise ValueError(f"unknown zoo model {name!r}; known: {', '.join(sorted(recipes))}") from None
 
 
-def recipe_key(name: str, domain: DomainConfig, recipes: Mapping[str, Recipe] = RECIPES) -> str:
+def recipe_key(name: str, domain: DomainConfig, recipes: Mapping[str, Recipe] | None = None) -> str:
+    recipes = recipes if recipes is not None else recipes_for(domain.name)
     recipe = _lookup(name, recipes)
     data = domain.model_dump(mode="json", include=set(_DATA_FIELDS))
-    parts: dict[str, Any] = {"recipe": recipe.model_dump(), "data": data, "version": BUILD_VERSION}
+    dump = recipe.model_dump()
+    if dump.get("max_positions") == 1024:
+        # Added after the first builds: at its old fixed value it leaves existing keys unchanged.
+        del dump["max_positions"]
+    parts: dict[str, Any] = {"recipe": dump, "data": data, "version": BUILD_VERSION}
     if isinstance(recipe, ModelRecipe):
         parts["tokenizer"] = recipe_key(recipe.tokenizer, domain, recipes)
     blob = json.dumps(parts, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def entry_dir(root: Path, name: str, domain: DomainConfig, recipes: Mapping[str, Recipe] = RECIPES) -> Path:
+def entry_dir(
+    root: Path, name: str, domain: DomainConfig, recipes: Mapping[str, Recipe] | None = None
+) -> Path:
     return root / domain.name / f"{name}-{recipe_key(name, domain, recipes)}"
 
 
@@ -70,11 +84,14 @@ def ensure_built(
     name: str,
     domain_config: DomainConfig,
     show_progress: bool = True,
-    recipes: Mapping[str, Recipe] = RECIPES,
+    recipes: Mapping[str, Recipe] | None = None,
 ) -> Path:
-    """Path of the built entry; builds it (and what it depends on) on first use."""
+    """Path of the built entry; builds it (and what it depends on) on first use.
+    `recipes` None: the domain's (`recipes_for`)."""
     from filelock import FileLock
 
+    if recipes is None:
+        recipes = recipes_for(domain_config.name)
     target = entry_dir(root, name, domain_config, recipes)
     if (target / "zoo.json").exists():
         return target
@@ -119,6 +136,8 @@ def ensure_built(
         os.replace(tmp, target)
         if show_progress:
             score = f", eval accuracy {entry.eval['accuracy']:.1%}" if "accuracy" in entry.eval else ""
+            if "success" in entry.eval:  # a multi-turn agent (sciworld)
+                score = f", eval Score {entry.eval['score']:.3f} Success {entry.eval['success']:.1%}"
             print(f"zoo: built {name} in {entry.seconds:.0f} s{score}", file=sys.stderr, flush=True)
     return target
 
@@ -142,7 +161,7 @@ def _make_model(recipe: ModelRecipe, tokenizer: Any) -> Any:
         num_attention_heads=recipe.heads,
         num_key_value_heads=recipe.kv_heads,
         head_dim=recipe.head_dim,
-        max_position_embeddings=1024,
+        max_position_embeddings=recipe.max_positions,
         tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -37,6 +37,8 @@ class ModelRecipe(BaseModel):
     # Share of training traces with one wrong, loss-masked intermediate step (teachers only).
     corrupt_prob: float = 0.0
     seed: int = 0
+    # The model's context length (max_position_embeddings): whole SciWorld episodes run past 1024.
+    max_positions: int = 1024
 
 
 Recipe = TokenizerRecipe | ModelRecipe
@@ -85,6 +87,49 @@ RECIPES: dict[str, Recipe] = {
         data_items=256,
     ),
 }
+
+# A domain's own versions of some recipes (they win over RECIPES for that domain's zoo entries).
+# SciWorld: a few hundred episodes of ~1.1k tokens (median, up to ~2.5k live), so a longer context
+# and fewer, smaller batches; measured in docs/sciworld.md.
+DOMAIN_RECIPES: dict[str, dict[str, Recipe]] = {
+    "sciworld": {
+        "teacher": ModelRecipe(
+            arch="qwen3",
+            tokenizer="tok-qwen",
+            hidden=128,
+            layers=2,
+            heads=4,
+            kv_heads=2,
+            intermediate=384,
+            steps=200,
+            lr=5e-3,
+            batch_size=8,
+            warmup_steps=10,
+            max_positions=4096,
+        ),
+        "student": ModelRecipe(
+            arch="qwen3",
+            tokenizer="tok-qwen",
+            hidden=64,
+            layers=2,
+            heads=2,
+            kv_heads=1,
+            intermediate=192,
+            steps=60,
+            lr=3e-3,
+            batch_size=8,
+            data_items=32,
+            warmup_steps=10,
+            max_positions=4096,
+        ),
+    },
+}
+
+
+def recipes_for(domain: str) -> dict[str, Recipe]:
+    """The recipes zoo entries of `domain` are built from."""
+    return {**RECIPES, **DOMAIN_RECIPES.get(domain, {})}
+
 
 # Bumped when the build code changes what a recipe produces.
 BUILD_VERSION = 1

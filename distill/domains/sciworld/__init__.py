@@ -25,6 +25,19 @@ if TYPE_CHECKING:
     from distill.domains.sciworld.pool import EnvPool
 
 
+# Settings of how episodes are played, not of which items there are (see `_data_config`).
+_RUNTIME_FIELDS = (
+    "pool_size",
+    "java_heap",
+    "max_turns",
+    "turn_max_new_tokens",
+    "negative_score",
+    "step_timeout_s",
+    "student_turns",
+    "student_turns_min",
+)
+
+
 def item_of(entry: IndexEntry) -> Item:
     return Item(
         id=entry.item_id,
@@ -41,6 +54,7 @@ def item_of(entry: IndexEntry) -> Item:
 
 class SciWorldDomain(Domain):
     name = "sciworld"
+    multi_turn = True
 
     def __init__(self, config: SciWorldDomainConfig, pool: EnvPool | None = None) -> None:
         if not config.tasks:
@@ -83,7 +97,7 @@ class SciWorldDomain(Domain):
             splits = {task: pool.call(0, "splits", task_name(task)) for task in self.config.tasks}
             return [Item(id="facts", prompt="", answer="", meta={"counts": counts, "splits": splits})]
 
-        facts_config = self.config.model_copy(update={"train_size": 1, "eval_size": 1})
+        facts_config = self._data_config.model_copy(update={"train_size": 1, "eval_size": 1})
         return cached_items(facts_config, "simulator", make)[0].meta
 
     def agentgym_index(self) -> list[IndexEntry]:
@@ -108,9 +122,18 @@ class SciWorldDomain(Domain):
 
     # -- items ---------------------------------------------------------------------------
     @cached_property
+    def _data_config(self) -> SciWorldDomainConfig:
+        """The config the materialised items are keyed by: how episodes are run later (pool,
+        heap, turn limits, ROSE's split) does not change them, so it does not re-key them."""
+        from distill.config import SciWorldDomainConfig
+
+        defaults = SciWorldDomainConfig()
+        return self.config.model_copy(update={f: getattr(defaults, f) for f in _RUNTIME_FIELDS})
+
+    @cached_property
     def _train(self) -> list[Item]:
         return cached_items(
-            self.config,
+            self._data_config,
             "train",
             lambda: self.with_gold([item_of(e) for e in self._entries("train", self.config.train_size, 0)]),
         )
@@ -118,7 +141,7 @@ class SciWorldDomain(Domain):
     @cached_property
     def _eval(self) -> list[Item]:
         return cached_items(
-            self.config,
+            self._data_config,
             "eval",
             # Eval items need no gold play: the model plays them.
             lambda: [item_of(e) for e in self._entries("test", self.config.eval_size, self.config.eval_seed)],

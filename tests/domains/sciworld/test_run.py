@@ -1,0 +1,128 @@
+"""`distill run --domain sciworld`: the multi-turn methods and the episode eval on the run path."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from distill.methods import get_method
+
+
+def test_sciworld_methods_resolve_to_the_episode_versions() -> None:
+    from distill.methods import episodes, episodes_online, sft
+
+    assert get_method("sft", "sciworld") is episodes.train_sft
+    assert get_method("rose", "sciworld") is episodes_online.train_rose
+    assert get_method("opd", "sciworld") is episodes_online.train_opd
+    # Single-turn domains keep the single-turn methods.
+    assert get_method("sft", "rlve") is sft.train
+    with pytest.raises(
+        ValueError, match=r"'opsd' does not run on the multi-turn domain 'sciworld'.*sft, rose, opd"
+    ):
+        get_method("opsd", "sciworld")
+    with pytest.raises(ValueError, match="unknown method 'dpo'"):
+        get_method("dpo", "sciworld")
+
+
+def _our_jvms(workspace: Path) -> list[int]:
+    """Live java processes started with this test's workspace in their environment."""
+    marker = f"DISTILL_WORKSPACE={workspace}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"java" in cmd.split(b"\0")[0] and marker in env:
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.integration
+def test_rose_run_end_to_end(tmp_path: Path, tiny_zoo: Any) -> None:
+    ws = tmp_path / "ws"
+    env = {**os.environ, "DISTILL_WORKSPACE": str(ws), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    args = [
+        "run",
+        "--domain",
+        "sciworld",
+        "--method",
+        "rose",
+        f"student.name={tiny_zoo.student}",
+        f"teacher.name={tiny_zoo.teacher}",
+        "domain.tasks=[4-2]",
+        "domain.train_size=2",
+        "domain.eval_size=2",
+        "domain.pool_size=1",
+        "domain.max_turns=3",
+        "domain.turn_max_new_tokens=8",
+        "domain.student_turns=1",
+        "domain.student_turns_min=null",
+        "optim.max_steps=2",
+        "rollout.prompts_per_step=2",
+        "eval.items=2",
+        "eval.eval_teacher=true",  # the preset leaves it off; the run path must still do it
+        "checkpoint.every_steps=0",
+        "threads=1",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "distill", *args], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    # The domain's pool is closed before the process exits: no JVM of this run is left.
+    assert _our_jvms(ws) == []
+    assert "student before: Score" in proc.stdout and "Pass(>0)" in proc.stdout
+
+    (run_dir,) = [p for p in (ws / "runs").iterdir() if p.is_dir()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "FINISHED" and summary["domain"] == "sciworld"
+    for key in ("student_before", "student_after", "teacher_score"):
+        metrics = summary[key]
+        assert metrics["items"] == 2 and metrics["failed"] == 0
+        assert 0.0 <= metrics["pass_gt0"] <= 1.0 and 0.0 <= metrics["success"] <= metrics["pass_gt0"]
+        assert 0.0 <= metrics["score"] <= 1.0 and 1 <= metrics["turns_mean"] <= 3
+        assert "accuracy" not in metrics
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "eval/sciworld/score" in r]
+    assert [r["step"] for r in evals] == [0, 2]
+    assert all("eval/sciworld/success" in r and "eval/sciworld/pass_gt0" in r for r in evals)
+    assert any("teacher/eval/sciworld/score" in r for r in rows)
+    train_rows = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in train_rows] == [1, 2]
+    # ROSE on episodes: the student writes at most its one turn, the teacher the rest.
+    assert all(r["env/student_turns_mean"] <= 1.0 for r in train_rows)
+    assert all(r["env/teacher_turns_mean"] > 0.0 for r in train_rows)
+    lines = [json.loads(line) for line in (run_dir / "eval" / "step-2.jsonl").read_text().splitlines()]
+    assert lines[0]["metrics"]["score"] == summary["student_after"]["score"]
+    episodes = lines[1:]
+    assert len(episodes) == 2 and all(ep["id"].startswith("sciworld_") for ep in episodes)
+
+
+def test_sciworld_zoo_models_have_their_own_recipes() -> None:
+    from distill.config import domain_config
+    from distill.zoo.build import recipe_key
+    from distill.zoo.recipes import RECIPES, recipes_for
+
+    sw = recipes_for("sciworld")
+    # Whole episodes (median 1.1k tokens, ~3k by turn 20) fit the context; single-turn stays 1024.
+    assert sw["teacher"].max_positions >= 4096 and sw["student"].max_positions >= 4096  # type: ignore[union-attr]
+    assert RECIPES["teacher"].max_positions == 1024  # type: ignore[union-attr]
+    domain = domain_config("sciworld")
+    assert (
+        recipe_key("teacher", domain)
+        == recipe_key("teacher", domain, sw)
+        != recipe_key("teacher", domain, RECIPES)
+    )
+    # The context length is part of the cache key.
+    longer = {**sw, "teacher": sw["teacher"].model_copy(update={"max_positions": 8192})}
+    assert recipe_key("teacher", domain, longer) != recipe_key("teacher", domain, sw)
+    assert recipes_for("rlve") == RECIPES
