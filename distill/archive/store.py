@@ -13,6 +13,7 @@ uploading) and no `archive.json`: running it again uploads what the remote lacks
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -146,11 +147,9 @@ def _tag_mlflow(run_dir: Path, record: dict[str, Any], tagger: MlflowTagger | No
     run_id, uri = summary.get("mlflow_run_id"), summary.get("tracking_uri")
     if not run_id or not uri:
         return "no MLflow run recorded in summary.json"
-    if tagger is None:
-        with MlflowTagger([str(uri)]) as own:
-            own.tag(str(uri), str(run_id), mlflow_tags(record), run_dir / MANIFEST)
-    else:
-        tagger.tag(str(uri), str(run_id), mlflow_tags(record), run_dir / MANIFEST)
+    # No tagger given: an empty one starts a child for this run's store (MlflowTagger.tag).
+    with contextlib.nullcontext(tagger) if tagger is not None else MlflowTagger([]) as active:
+        active.tag(str(uri), str(run_id), mlflow_tags(record), run_dir / MANIFEST)
     return f"MLflow run {run_id}"
 
 
