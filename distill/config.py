@@ -78,11 +78,17 @@ class SciWorldDomainConfig(DomainBase):
 
     name: Literal["sciworld"] = "sciworld"
     # Episodes are slow to materialise (a gold play each): smaller sets than single-turn domains.
-    train_size: int = Field(256, ge=1)
+    train_size: int = Field(512, ge=1)
     eval_size: int = Field(40, ge=1)
     # ScienceWorld task ids (env.tasks keys) of the embedded items; train items come from the
-    # simulator's train variations, eval items from its test variations.
+    # simulator's train variations (and its dev variations with `train_on_dev`), eval items
+    # from its test variations.
     tasks: list[str] = Field(default_factory=lambda: ["4-2", "7-1"])
+    train_on_dev: bool = True
+    # Insert "look around" before a gold "focus on" that follows a move: ScienceWorld's gold
+    # paths often focus on something in a room they just entered without looking, so a model
+    # imitating them would have to guess the object's name.
+    gold_look: bool = True
     # Environment worker processes, one JVM each; episodes run in parallel across them.
     pool_size: int = Field(2, ge=1)
     # Heap cap of each JVM, passed as JAVA_TOOL_OPTIONS=-Xmx<java_heap>.

@@ -157,12 +157,31 @@ def eval_cmd(
     thinking: Annotated[
         bool | None, typer.Option("--thinking/--no-thinking", help="enable_thinking in the chat template")
     ] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="sciworld: simulator workers (JVMs), episodes in flight; default 2")
+    ] = None,
+    experiment: Annotated[
+        str | None,
+        typer.Option(help="MLflow experiment; default the checkpoint's training run's, else 'distill'"),
+    ] = None,
 ) -> None:
     from distill.cli.evaluate import run_eval
 
     try:
         run_eval(
-            model, domain, n, items, temperature, max_new_tokens, benchmark, data, protocol, top_p, thinking
+            model,
+            domain,
+            n,
+            items,
+            temperature,
+            max_new_tokens,
+            benchmark,
+            data,
+            protocol,
+            top_p,
+            thinking,
+            workers=workers,
+            experiment=experiment,
         )
     except (ValueError, OSError) as exc:
         raise fail(str(exc)) from None

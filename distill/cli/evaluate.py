@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from distill.evals.runner import eval_experiment, training_run
+
 if TYPE_CHECKING:
     from distill.evals.runner import EvalResult
 
@@ -31,14 +33,6 @@ class Sampling:
     top_p: float
     max_new_tokens: int
     enable_thinking: bool | None
-
-
-def _training_run(model: str) -> Path | None:
-    """The run directory when `model` is one of its checkpoints (runs/<id>/checkpoints/step-N)."""
-    path = Path(model).resolve()
-    if path.parent.name == "checkpoints" and (path.parent.parent / "summary.json").exists():
-        return path.parent.parent
-    return None
 
 
 def resolve_sampling(
@@ -113,6 +107,8 @@ def run_eval(
     protocol: str | None = None,
     top_p: float | None = None,
     thinking: bool | None = None,
+    workers: int | None = None,
+    experiment: str | None = None,
 ) -> None:
     from distill.config import ConfigError, EvalConfig, domain_config
     from distill.domains import build_domain
@@ -127,8 +123,12 @@ def run_eval(
         # Multi-turn agent episodes on the simulator pool: distill/evals/agent.py.
         from distill.evals.agent import run_agentgym_cli
 
-        run_agentgym_cli(model, benchmark, data, items, n, temperature, max_new_tokens, thinking)
+        run_agentgym_cli(
+            model, benchmark, data, items, n, temperature, max_new_tokens, thinking, workers, experiment
+        )
         return
+    if workers is not None:
+        raise ValueError("--workers sizes the simulator pool: use it with --domain sciworld")
     if data is not None and benchmark is None:
         raise ValueError("--data gives a benchmark's problems: use it with --benchmark")
     if benchmark is not None and domain != "dapo":
@@ -178,11 +178,11 @@ def run_eval(
 
     out = settings.workspace / "evals" / f"{bench}-{Path(model).name}-k{sampling.k}.jsonl"
     result.write(out)
-    parent = _training_run(model)
+    parent = training_run(model)
     parent_id = json.loads((parent / "summary.json").read_text()).get("mlflow_run_id") if parent else None
     tracker = open_tracker(
         settings.resolved_tracking_uri,
-        "distill",
+        eval_experiment(model, experiment),
         settings.artifact_root,
         run_name=f"eval-{bench}-{Path(model).name}",
         parent_run_id=parent_id,

@@ -71,6 +71,20 @@ class ChatPrompts:
         return list(self._prompt_cache[key])
 
 
+def _sampling(temperature: float, top_p: float) -> dict[str, Any]:
+    if temperature > 0:
+        return {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+    return {"do_sample": False}
+
+
+@dataclass
+class KVCache:
+    """A model's key/value cache and the token ids it holds."""
+
+    past: Any
+    ids: list[int]
+
+
 class HFEngine(ChatPrompts):
     def __init__(
         self,
@@ -152,29 +166,64 @@ class HFEngine(ChatPrompts):
         for start in range(0, len(prompt_ids), batch_size):
             chunk = prompt_ids[start : start + batch_size]
             ids, mask = self.left_pad(chunk)
-            sampling: dict[str, Any] = (
-                {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
-                if temperature > 0
-                else {"do_sample": False}
-            )
             with torch.inference_mode():
                 generated = self.model.generate(  # type: ignore[operator]
-                    input_ids=ids,
-                    attention_mask=mask,
+                    input_ids=ids.to(self.model.device),
+                    attention_mask=mask.to(self.model.device),
                     max_new_tokens=max_new_tokens,
                     pad_token_id=self.tokenizer.pad_token_id,
                     eos_token_id=sorted(eos),
-                    **sampling,
+                    **_sampling(temperature, top_p),
                     **suppress,
                 )
-            for row in generated[:, ids.shape[1] :].tolist():
-                cut = next((i for i, tok in enumerate(row) if tok in eos), None)
-                kept = row if cut is None else row[: cut + 1]
-                text = str(self.tokenizer.decode(kept, skip_special_tokens=True))
-                out.append(Completion(ids=kept, text=text, truncated=cut is None))
+            out += [self._completion(row, eos) for row in generated[:, ids.shape[1] :].tolist()]
             if progress is not None:
                 progress(len(chunk))
         return out
+
+    def _completion(self, row: list[int], eos: set[int]) -> Completion:
+        cut = next((i for i, tok in enumerate(row) if tok in eos), None)
+        kept = row if cut is None else row[: cut + 1]
+        text = str(self.tokenizer.decode(kept, skip_special_tokens=True))
+        return Completion(ids=kept, text=text, truncated=cut is None)
+
+    def continue_generate(
+        self,
+        ids: Sequence[int],
+        cache: KVCache | None,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+    ) -> tuple[Completion, KVCache]:
+        """One completion of `ids`, reusing `cache` where it holds a prefix of `ids`.
+
+        A multi-turn episode grows by one observation a turn: with the cache of its last turn
+        only the new tokens are prefilled instead of the whole 1-3k-token context. Returns the
+        cache to pass with the episode's next, longer sequence.
+        """
+        import torch
+
+        ids = list(ids)
+        past = None
+        if cache is not None and len(cache.ids) < len(ids) and ids[: len(cache.ids)] == cache.ids:
+            past = cache.past
+        eos = self.eos_ids
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.model.device)
+        with torch.inference_mode():
+            out = self.model.generate(  # type: ignore[operator]
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                cache=past,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=sorted(eos),
+                return_dict_in_generate=True,
+                **_sampling(temperature, top_p),
+            )
+        row = out.sequences[0, len(ids) :].tolist()
+        # The last generated token is never fed back, so the cache ends one token short.
+        seen = ids + row
+        return self._completion(row, eos), KVCache(out.cache, seen[: out.cache.get_seq_length()])
 
     def score(
         self,
@@ -197,6 +246,7 @@ class HFEngine(ChatPrompts):
             comps = completion_ids[start : start + batch_size]
             rows = [list(p) + list(c) for p, c in zip(prompts, comps, strict=True)]
             ids, mask = self.left_pad(rows)
+            ids, mask = ids.to(self.model.device), mask.to(self.model.device)
             with torch.inference_mode():
                 logits = self.model(input_ids=ids, attention_mask=mask).logits.float()
             logprobs_B_T = torch.log_softmax(logits[:, :-1], dim=-1)

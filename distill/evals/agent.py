@@ -141,6 +141,7 @@ def run_agentgym_eval(
     turn_max_new_tokens: int | None = None,
     negative_score: Literal["zero", "keep"] = "zero",
     log: bool = True,
+    experiment: str | None = None,
 ) -> EvalResult:
     """`distill eval --domain sciworld --benchmark agentgym`: print the table, log to MLflow."""
     from rich.console import Console
@@ -195,11 +196,12 @@ def run_agentgym_eval(
         f"{m.get('episodes_per_min', 0):.1f} episodes/min with {cfg.pool_size} workers"  # type: ignore[union-attr]
     )
     if log:
+        from distill.evals.runner import eval_experiment
         from distill.tracking.mlflow import open_tracker
 
         tracker = open_tracker(
             settings.resolved_tracking_uri,
-            "distill",
+            eval_experiment(model, experiment),
             settings.artifact_root,
             run_name=f"eval-agentgym-{Path(model).name}",
             tags={"domain": "sciworld", "model": model, "kind": "eval", "benchmark": "agentgym"},
@@ -230,6 +232,8 @@ def run_agentgym_cli(
     temperature: float | None,
     max_new_tokens: int | None,
     thinking: bool | None,
+    workers: int | None = None,
+    experiment: str | None = None,
 ) -> EvalResult:
     """The `distill eval --domain sciworld` entry: the AgentGym protocol, checked options."""
     if benchmark not in (None, "agentgym"):
@@ -240,8 +244,15 @@ def run_agentgym_cli(
         raise ValueError("--temperature: the agentgym protocol is greedy (0)")
     if thinking:
         raise ValueError("--thinking: the agentgym protocol runs with thinking off")
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
     return run_agentgym_eval(
-        model, data=Path(data) if data else None, items=items, turn_max_new_tokens=max_new_tokens
+        model,
+        data=Path(data) if data else None,
+        items=items,
+        workers=workers,
+        turn_max_new_tokens=max_new_tokens,
+        experiment=experiment,
     )
 
 

@@ -72,3 +72,25 @@ def evaluate(
             }
         )
     return EvalResult(metrics=summarize(correct, lengths, truncated, k), rows=rows)
+
+
+def training_run(model: str) -> Path | None:
+    """The run directory when `model` is one of its checkpoints (runs/<id>/checkpoints/step-N)."""
+    path = Path(model).resolve()
+    if path.parent.name == "checkpoints" and (path.parent.parent / "summary.json").exists():
+        return path.parent.parent
+    return None
+
+
+def eval_experiment(model: str, experiment: str | None) -> str:
+    """The MLflow experiment an eval is logged to: the one asked for, else the training run's
+    of a checkpoint (its eval nests under that run), else "distill"."""
+    import yaml
+
+    if experiment:
+        return experiment
+    parent = training_run(model)
+    if parent is not None and (parent / "config.yaml").exists():
+        config = yaml.safe_load((parent / "config.yaml").read_text()) or {}
+        return str((config.get("tracking") or {}).get("experiment") or "distill")
+    return "distill"

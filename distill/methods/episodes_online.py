@@ -40,7 +40,7 @@ def student_turns_for(domain: SciWorldDomain, rng: random.Random) -> Any:
     def pick(ep: Episode) -> int:
         if low is None:
             return cfg.student_turns
-        return drawn.setdefault(id(ep), rng.randint(low, cfg.student_turns))
+        return drawn.setdefault(ep.uid, rng.randint(low, cfg.student_turns))
 
     return pick
 

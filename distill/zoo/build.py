@@ -32,6 +32,8 @@ _DATA_FIELDS = (
     "environments",
     "parameters",
     "tasks",
+    "train_on_dev",
+    "gold_look",
     "train_size",
     "eval_size",
     "eval_seed",
@@ -77,6 +79,20 @@ def read_entry(path: Path) -> ZooEntry | None:
     if not meta.exists():
         return None
     return ZooEntry.model_validate_json(meta.read_text())
+
+
+def save_model(model: Any, tokenizer: Any, out: Path) -> None:
+    """Save a built model without transformers' "Writing model shards" bar in the build's output."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def ensure_built(
@@ -238,8 +254,7 @@ def _build_model(
         label=f"zoo: eval {name}",
         show_progress=show_progress,
     )
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    save_model(model, tokenizer, out)
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "final_loss": round(loss_value, 4),

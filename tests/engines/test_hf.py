@@ -221,3 +221,38 @@ def test_missing_pad_token_is_rejected(engine: HFEngine) -> None:
 
     with pytest.raises(ValueError, match="no pad token"):
         HFEngine(engine.model, NoPad())  # type: ignore[arg-type]
+
+
+def test_continue_generate_reuses_the_cache_and_matches_generate(engine: HFEngine) -> None:
+    """A multi-turn sequence continued from its last turn's cache: only the new tokens are
+    prefilled, and each greedy turn equals a fresh generate on the whole sequence."""
+    fed: list[int] = []
+    handle = engine.model.model.embed_tokens.register_forward_hook(
+        lambda module, args, output: fed.append(args[0].shape[1])
+    )
+    try:
+        seq = engine.prompt_ids(PROMPTS[0])
+        cache = None
+        for observation in ["Sort: 3 1 2", "hello there", ""]:
+            fed.clear()
+            comp, new_cache = engine.continue_generate(seq, cache, max_new_tokens=5)
+            prefill = fed[0]
+            assert prefill == (len(seq) if cache is None else len(seq) - len(cache.ids))
+            assert comp == engine.generate([seq], max_new_tokens=5)[0]
+            # The cache holds the sequence and all but the last generated token (never fed back).
+            assert new_cache.ids == (seq + comp.ids)[:-1]
+            assert new_cache.past.get_seq_length() == len(new_cache.ids)
+            cache = new_cache
+            seq = seq + comp.ids + engine.encode(observation or "ok")
+    finally:
+        handle.remove()
+    assert 0 < prefill < len(seq) // 2
+
+
+def test_continue_generate_drops_a_cache_that_is_not_a_prefix(engine: HFEngine) -> None:
+    a = engine.prompt_ids(PROMPTS[0])
+    b = engine.prompt_ids(PROMPTS[1])
+    _, cache_a = engine.continue_generate(a, None, max_new_tokens=3)
+    comp, cache_b = engine.continue_generate(b, cache_a, max_new_tokens=3)
+    assert comp == engine.generate([b], max_new_tokens=3)[0]
+    assert cache_b.ids[: len(b)] == b

@@ -195,3 +195,23 @@ def test_resolve_model_passes_non_zoo_names_through() -> None:
     settings = Settings(workspace=Path("/nonexistent"))
     for name in ("Qwen/Qwen3-1.7B", "/models/local", "runs/x/checkpoints/step-3"):
         assert resolve_model(name, RLVEDomainConfig(), settings) == name
+
+
+def test_save_model_keeps_the_shard_bar_out_and_restores_it(
+    tiny_zoo: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from distill.zoo.build import save_model
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_zoo.teacher)
+    tok = AutoTokenizer.from_pretrained(tiny_zoo.teacher)
+    hf_logging.enable_progress_bar()
+    capfd.readouterr()
+    model.save_pretrained(tmp_path / "plain")
+    assert "Writing model shards" in capfd.readouterr().err  # what the build used to print
+    save_model(model, tok, tmp_path / "quiet")
+    assert "Writing model shards" not in capfd.readouterr().err
+    assert (tmp_path / "quiet" / "config.json").exists() and (tmp_path / "quiet" / "tokenizer.json").exists()
+    assert hf_logging.is_progress_bar_enabled()

@@ -103,12 +103,12 @@ class SciWorldDomain(Domain):
     def agentgym_index(self) -> list[IndexEntry]:
         return build_index(self._simulator_facts["counts"])
 
-    def _entries(self, split: str, count: int, seed: int) -> list[IndexEntry]:
+    def _entries(self, splits: tuple[str, ...], count: int, seed: int) -> list[IndexEntry]:
         index = self.agentgym_index()
         by_key = {(e.task_id, e.variation): e for e in index}
         per_task = []
         for task in self.config.tasks:
-            variations = self._simulator_facts["splits"][task][split]
+            variations = [v for split in splits for v in self._simulator_facts["splits"][task][split]]
             entries = [by_key[(task, v)] for v in variations if (task, v) in by_key]
             random.Random(f"{seed}-{task}").shuffle(entries)
             per_task.append(entries)
@@ -135,7 +135,9 @@ class SciWorldDomain(Domain):
         return cached_items(
             self._data_config,
             "train",
-            lambda: self.with_gold([item_of(e) for e in self._entries("train", self.config.train_size, 0)]),
+            lambda: self.with_gold(
+                [item_of(e) for e in self._entries(self._train_splits, self.config.train_size, 0)]
+            ),
         )
 
     @cached_property
@@ -144,8 +146,14 @@ class SciWorldDomain(Domain):
             self._data_config,
             "eval",
             # Eval items need no gold play: the model plays them.
-            lambda: [item_of(e) for e in self._entries("test", self.config.eval_size, self.config.eval_seed)],
+            lambda: [
+                item_of(e) for e in self._entries(("test",), self.config.eval_size, self.config.eval_seed)
+            ],
         )
+
+    @property
+    def _train_splits(self) -> tuple[str, ...]:
+        return ("train", "dev") if self.config.train_on_dev else ("train",)
 
     def train_items(self) -> list[Item]:
         return self._train
@@ -158,7 +166,7 @@ class SciWorldDomain(Domain):
         from distill.domains.sciworld.play import GoldAgent, PlayConfig, play
 
         # Text only (tokenizer None): no model reads these episodes.
-        agent = GoldAgent()
+        agent = GoldAgent(look_before_focus=self.config.gold_look)
         episodes = play(
             self.pool(),
             items,

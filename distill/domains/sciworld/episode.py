@@ -9,6 +9,7 @@ everywhere else: environment text and template tokens are always 0, the fixed fi
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,9 @@ class ChatFrame:
         return cls(head=head, gen=gen, between=between, eos_text=eos if between.startswith(eos) else "")
 
 
+_uids = itertools.count()
+
+
 @dataclass
 class Turn:
     writer: str
@@ -101,6 +105,8 @@ class Episode:
     # The simulator's gold action sequence, when the reset asked for it.
     gold: list[str] | None = None
     first_observation: str = ""
+    # Never reused within a process (unlike id()): engines key per-episode state by it.
+    uid: int = field(default_factory=_uids.__next__)
 
     # -- building the sequence ------------------------------------------------------------
     def _append(self, ids: list[int], writer: str) -> None:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from distill.domains.base import Item
     from distill.domains.sciworld.pool import EnvPool
-    from distill.engines.hf import Completion, HFEngine
+    from distill.engines.hf import Completion, HFEngine, KVCache
 
 
 class Agent(Protocol):
@@ -41,14 +41,30 @@ class EngineAgent:
         temperature: float = 0.0,
         top_p: float = 1.0,
         batch_size: int = 64,
+        reuse_cache: bool = True,
     ) -> None:
         self.engine = engine
         self.writer = writer
         self.temperature = temperature
         self.top_p = top_p
         self.batch_size = batch_size
+        # Per episode (by uid): the KV cache of its last turn. Only the new observation is
+        # prefilled each turn; batching episodes instead re-reads every whole context.
+        self.caches: dict[int, KVCache] = {}
+        self.reuse_cache = reuse_cache and hasattr(engine, "continue_generate")
 
     def act(self, episodes: Sequence[Episode], max_new_tokens: int) -> list[Completion]:
+        if self.reuse_cache:
+            # Episodes leave an agent for good (they end, or ROSE hands them to the teacher).
+            live = {ep.uid for ep in episodes}
+            self.caches = {uid: c for uid, c in self.caches.items() if uid in live}
+            out = []
+            for ep in episodes:
+                completion, self.caches[ep.uid] = self.engine.continue_generate(
+                    ep.ids, self.caches.get(ep.uid), max_new_tokens, self.temperature, self.top_p
+                )
+                out.append(completion)
+            return out
         return self.engine.generate(
             [ep.ids for ep in episodes],
             max_new_tokens=max_new_tokens,
@@ -61,8 +77,9 @@ class EngineAgent:
 class GoldAgent:
     """Plays the simulator's gold action sequence in the AgentGym format (needs `gold=True`)."""
 
-    def __init__(self, writer: str = "gold") -> None:
+    def __init__(self, writer: str = "gold", look_before_focus: bool = False) -> None:
         self.writer = writer
+        self.look_before_focus = look_before_focus
 
     def act(self, episodes: Sequence[Episode], max_new_tokens: int) -> list[Completion]:
         from distill.engines.hf import Completion
@@ -70,6 +87,8 @@ class GoldAgent:
         out = []
         for ep in episodes:
             gold = ep.gold or []
+            if self.look_before_focus:
+                gold = look_before_focus(gold)
             action = gold[len(ep.turns)] if len(ep.turns) < len(gold) else "look around"
             text = format_response(action)
             ids: list[int] = []
@@ -78,6 +97,17 @@ class GoldAgent:
                 ids.append(ep.tokenizer.eos_token_id)
             out.append(Completion(ids=ids, text=text, truncated=False))
         return out
+
+
+def look_before_focus(actions: Sequence[str]) -> list[str]:
+    """The gold actions with a "look around" before each "focus on" that directly follows a
+    "go to": what the agent focuses on is then named in its context, not guessed."""
+    out: list[str] = []
+    for action in actions:
+        if action.startswith("focus on") and out and out[-1].startswith("go to"):
+            out.append("look around")
+        out.append(action)
+    return out
 
 
 Policy = Callable[[Episode], Agent]

@@ -30,7 +30,7 @@ def build_agent(
     from distill.engines.hf import HFEngine
     from distill.evals.agent import AgentEvalConfig, evaluate_agent, frame_for
     from distill.methods.episodes import gold_examples
-    from distill.zoo.build import _make_model, fit_examples
+    from distill.zoo.build import _make_model, fit_examples, save_model
 
     torch.manual_seed(recipe.seed)
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
@@ -61,8 +61,7 @@ def build_agent(
         label=f"zoo: eval {name}",
         show_progress=show_progress,
     )
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    save_model(model, tokenizer, out)
     lengths = [len(ids) for ids, _ in examples]
     return {
         "params": sum(p.numel() for p in model.parameters()),

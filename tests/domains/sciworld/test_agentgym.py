@@ -66,8 +66,15 @@ def test_domain_items_come_from_the_simulator_splits(domain: SciWorldDomain, sw_
         assert item.meta["gold_score"] == 100 and item.meta["steps"]
         assert item.prompt.startswith("Your task is")
     splits = {t: sw_pool.call(0, "splits", task_table()[t]) for t in domain.config.tasks}
-    assert all(i.meta["variation"] in splits[i.meta["task_id"]]["train"] for i in train)
+    # train_on_dev (the default): training items from the train and dev splits, never test.
+    train_split = {t: set(s["train"]) | set(s["dev"]) for t, s in splits.items()}
+    assert all(i.meta["variation"] in train_split[i.meta["task_id"]] for i in train)
     assert all(i.meta["variation"] in splits[i.meta["task_id"]]["test"] for i in evals)
+    assert not {(i.meta["task_id"], i.meta["variation"]) for i in train} & {
+        (i.meta["task_id"], i.meta["variation"]) for i in evals
+    }
+    only_train = SciWorldDomain(domain.config.model_copy(update={"train_on_dev": False}), pool=sw_pool)
+    assert all(i.meta["variation"] in splits[i.meta["task_id"]]["train"] for i in only_train.train_items())
 
 
 def test_agent_eval_reports_the_three_metrics(domain: SciWorldDomain, tiny_zoo) -> None:  # type: ignore[no-untyped-def]

@@ -143,3 +143,44 @@ def test_recorded_gold_replays_to_the_live_sequence(
     gold_tokens = sum(e - s for s, e, w in offline.spans if w == "gold")
     assert sum(label != IGNORE for label in labels) == gold_tokens
     assert "<think>\n\n</think>" in tok.decode(ids)  # thinking off: the empty think block, every turn
+
+
+def test_look_before_focus_only_after_a_move() -> None:
+    from distill.domains.sciworld.play import look_before_focus
+
+    gold = ["open door to outside", "go to outside", "focus on crocodile", "focus on ant", "wait1"]
+    assert look_before_focus(gold) == [
+        "open door to outside",
+        "go to outside",
+        "look around",
+        "focus on crocodile",
+        "focus on ant",
+        "wait1",
+    ]
+    # Already looked, or focusing from the start room (whose look is the first observation).
+    assert look_before_focus(["go to bathroom", "look around", "focus on cup"]) == [
+        "go to bathroom",
+        "look around",
+        "focus on cup",
+    ]
+    assert look_before_focus(["focus on cup", "move cup to red box"]) == [
+        "focus on cup",
+        "move cup to red box",
+    ]
+
+
+def test_gold_with_look_names_the_animal_and_still_succeeds(sw_pool: EnvPool) -> None:
+    """Lifespan gold paths focus on an animal right after walking outside; with the inserted
+    look the animal is named in the observation before it, and the episode still scores 100."""
+    entry = IndexEntry(index=0, task_id="7-1", task_name="lifespan-longest-lived", variation=24)
+    (plain,) = play(sw_pool, [item_of(entry)], lambda ep: GoldAgent(), None, None, PlayConfig(gold=True))
+    looked_agent = GoldAgent(look_before_focus=True)
+    (looked,) = play(sw_pool, [item_of(entry)], lambda ep: looked_agent, None, None, PlayConfig(gold=True))
+    assert plain.score == looked.score == 100
+    actions = [t.action for t in looked.turns]
+    assert len(actions) == len(plain.turns) + 1
+    focus = next(i for i, a in enumerate(actions) if a.startswith("focus on"))
+    assert actions[focus - 1] == "look around" and actions[focus - 2].startswith("go to")
+    animal = actions[focus].removeprefix("focus on ").split()[-1]
+    assert animal in looked.turns[focus - 1].observation
+    assert animal not in plain.turns[focus - 2].observation  # "You move to the outside."
