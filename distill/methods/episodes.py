@@ -9,7 +9,7 @@ are never labelled.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from distill.domains.base import Item
     from distill.domains.sciworld import SciWorldDomain
     from distill.domains.sciworld.episode import ChatFrame, Episode
+    from distill.domains.sciworld.play import EngineAgent
+    from distill.engines.hf import Completion
     from distill.methods.context import RunContext
 
 IGNORE = -100
@@ -99,25 +101,64 @@ def teacher_turn_stats(episodes: list[Episode], budget: int, writer: str = "teac
     }
 
 
-def retokenize(ep: Episode, tokenizer: PreTrainedTokenizerBase, frame: ChatFrame) -> Episode:
+def retokenize(
+    ep: Episode, tokenizer: PreTrainedTokenizerBase, frame: ChatFrame, ongoing: bool = False
+) -> Episode:
     """The same episode in another tokenizer's tokens, turn by turn (cross-family data).
 
     Each turn's text is re-encoded on its own, so turn boundaries and writers carry over; a turn
-    that ended with EOS ends with the new tokenizer's EOS.
+    that ended with EOS ends with the new tokenizer's EOS. `ongoing`: the episode is still being
+    played, so its last observation is encoded too, ready for the next turn.
     """
     from distill.domains.sciworld.episode import Episode
 
     out = Episode(item=ep.item, worker=ep.worker, tokenizer=tokenizer, frame=frame)
     out.begin(ep.first_observation)
     for i, turn in enumerate(ep.turns):
-        ids = list(tokenizer(turn.response, add_special_tokens=False)["input_ids"])
-        if not turn.truncated:
-            ids.append(tokenizer.eos_token_id)
-        new = out.add_turn(turn.writer, ids, turn.response, turn.truncated)
-        out.add_observation(turn.observation, last=i + 1 == len(ep.turns))
+        new = out.add_turn(
+            turn.writer, turn_ids(tokenizer, turn.response, turn.truncated), turn.response, turn.truncated
+        )
+        out.add_observation(turn.observation, last=not ongoing and i + 1 == len(ep.turns))
         new.valid, new.score = turn.valid, turn.score
     out.score, out.done, out.error, out.moves = ep.score, ep.done, ep.error, ep.moves
     return out
+
+
+def turn_ids(tokenizer: PreTrainedTokenizerBase, text: str, truncated: bool) -> list[int]:
+    """A turn's text in `tokenizer`'s ids, ending with its EOS unless the turn was cut off."""
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return ids if truncated else [*ids, tokenizer.eos_token_id]
+
+
+class BridgedAgent:
+    """A model of another tokenizer family writing turns of episodes held in the student's
+    tokens (cross-family ROSE): it reads each episode re-encoded turn by turn in its own
+    tokens and its turn's text comes back re-encoded in the episode's tokens."""
+
+    def __init__(self, agent: EngineAgent) -> None:
+        from distill.evals.agent import frame_for
+
+        self.agent = agent
+        self.writer = agent.writer
+        engine = agent.engine
+        self.tokenizer = engine.tokenizer
+        self.frame = frame_for(engine.tokenizer, engine.enable_thinking)
+
+    def act(self, episodes: Sequence[Episode], max_new_tokens: int) -> list[Completion]:
+        from distill.engines.hf import Completion
+
+        views = []
+        for ep in episodes:
+            view = retokenize(ep, self.tokenizer, self.frame, ongoing=True)
+            # The view of turn t+1 extends the view of turn t: the agent's KV cache carries over.
+            view.uid = ep.uid
+            views.append(view)
+        out = []
+        for ep, comp in zip(episodes, self.agent.act(views, max_new_tokens), strict=True):
+            assert ep.tokenizer is not None
+            ids = turn_ids(ep.tokenizer, comp.text, comp.truncated)
+            out.append(Completion(ids=ids, text=comp.text, truncated=comp.truncated))
+        return out
 
 
 def teacher_episodes(ctx: RunContext) -> list[dict[str, Any]]:

@@ -10,8 +10,10 @@
 
 Both run on a `transformers.Trainer` whose batch of item indices becomes a batch of episodes
 inside `training_step`, as `distill/methods/rose.py` does for single-turn ROSE, so optimizer,
-clipping, accumulation, checkpoints, resume and `DistillCallback` are the Trainer's. Student and
-teacher share a tokenizer here (one token sequence per episode).
+clipping, accumulation, checkpoints, resume and `DistillCallback` are the Trainer's. Episodes are
+in the student's tokens; a teacher of another tokenizer family writes its ROSE turns through
+`BridgedAgent` (turn by turn re-encoding); OPD needs one tokenizer (the teacher scores the
+student's own ids).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import random
 import time
 from typing import TYPE_CHECKING, Any
 
-from distill.methods.episodes import episode_example, episode_stats, teacher_turn_stats
+from distill.methods.episodes import BridgedAgent, episode_example, episode_stats, teacher_turn_stats
 from distill.methods.rose import collate
 
 if TYPE_CHECKING:
@@ -29,6 +31,10 @@ if TYPE_CHECKING:
     from distill.domains.sciworld import SciWorldDomain
     from distill.domains.sciworld.episode import Episode
     from distill.methods.context import RunContext
+
+
+def same_tokenizer(ctx: RunContext) -> bool:
+    return bool(ctx.student.tokenizer.get_vocab() == ctx.teacher.tokenizer.get_vocab())
 
 
 def student_turns_for(domain: SciWorldDomain, rng: random.Random) -> Any:
@@ -57,7 +63,9 @@ def play_batch(
     student = EngineAgent(engine, "student", cfg.rollout.temperature, cfg.rollout.top_p, cfg.eval.batch_size)
     if method == "rose":
         teacher_temp = float(getattr(cfg.method, "teacher_temperature", 0.0))
-        teacher = EngineAgent(ctx.teacher, "teacher", teacher_temp, 1.0, cfg.eval.batch_size)
+        teacher: Any = EngineAgent(ctx.teacher, "teacher", teacher_temp, 1.0, cfg.eval.batch_size)
+        if not same_tokenizer(ctx):
+            teacher = BridgedAgent(teacher)
         policy = handover(student, teacher, student_turns_for(domain, rng))
     else:
         policy = single(student)
@@ -237,10 +245,11 @@ def train(ctx: RunContext, method: str) -> None:
     if method not in ("rose", "opd"):
         raise ValueError(f"multi-turn online method must be rose or opd, not {method!r}")
     cfg = ctx.config
-    if ctx.student.tokenizer.get_vocab() != ctx.teacher.tokenizer.get_vocab():
+    if method == "opd" and not same_tokenizer(ctx):
         raise ValueError(
-            f"{method} on sciworld: student and teacher must share a tokenizer for now "
-            f"({cfg.student.name} and {cfg.teacher.name} differ); teacher-SFT retokenizes turn by turn"
+            f"opd on sciworld scores the student's own tokens: student and teacher must share a "
+            f"tokenizer ({cfg.student.name} and {cfg.teacher.name} differ); rose and sft bridge "
+            "tokenizers turn by turn"
         )
     items = ctx.domain.train_items()
     ctx.extras["items"] = items

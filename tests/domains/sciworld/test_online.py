@@ -91,3 +91,61 @@ def test_one_online_step(variant: str, tmp_path: Path, tiny_zoo: Any, sw_pool: E
     assert len(samples) == 2 and json.loads(samples[0])["turns"] == 2
     after = list(ctx.student.model.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
+
+
+def test_cross_family_rose_bridges_turn_by_turn(tmp_path: Path, tiny_zoo: Any, sw_pool: EnvPool) -> None:
+    """A llama-token teacher takes over qwen-token episodes: it reads them re-encoded in its own
+    tokens, and its turn lands in the episode as qwen ids of the same text, labelled for CE."""
+    from transformers import AutoTokenizer
+
+    from distill.domains.sciworld.play import EngineAgent, PlayConfig, handover, play
+    from distill.engines.hf import HFEngine
+    from distill.evals.agent import frame_for
+    from distill.methods.episodes import BridgedAgent, episode_example, turn_ids
+    from distill.methods.episodes_online import train
+
+    student = HFEngine.load(str(tiny_zoo.student))
+    teacher = HFEngine.load(str(tiny_zoo.teacher_llama))
+    llama = AutoTokenizer.from_pretrained(tiny_zoo.teacher_llama)
+    assert student.tokenizer.get_vocab() != llama.get_vocab()
+    domain = SciWorldDomain(
+        SciWorldDomainConfig(tasks=["4-2"], train_size=2, eval_size=1, max_turns=3, turn_max_new_tokens=8),
+        pool=sw_pool,
+    )
+    items = domain.train_items()[:1]
+    seen: list[str] = []
+    bridged = BridgedAgent(EngineAgent(teacher, "teacher"))
+    inner_act = bridged.agent.act
+
+    def spy(views, max_new_tokens):  # type: ignore[no-untyped-def]
+        seen.extend(llama.decode(v.ids[:3]) for v in views)
+        return inner_act(views, max_new_tokens)
+
+    bridged.agent.act = spy  # type: ignore[method-assign]
+    policy = handover(EngineAgent(student, "student"), bridged, 1)
+    (ep,) = play(
+        sw_pool, items, policy, student.tokenizer, frame_for(student.tokenizer, None), PlayConfig(3, 8)
+    )
+    assert [t.writer for t in ep.turns] == ["student", "teacher", "teacher"]
+    assert len(seen) == 2 and all(s.startswith("<|begin_of_text|>") for s in seen)  # llama's own frame
+    for (start, end, writer), turn in zip(ep.turn_spans(), ep.turns, strict=True):
+        assert writer == turn.writer
+        if writer == "teacher":  # the teacher's text, in the student's ids
+            assert ep.ids[start:end] == turn_ids(student.tokenizer, turn.response, turn.truncated)
+    _, labels = episode_example(ep, ["teacher"])
+    assert sum(label != -100 for label in labels) == sum(
+        e - s for s, e, w in ep.turn_spans() if w == "teacher"
+    )
+
+    # And a whole cross-family ROSE step through the trainer (OPD stays refused).
+    ctx = _context(tmp_path, tiny_zoo, sw_pool, ROSEMethod())
+    ctx.teacher = teacher
+    train(ctx, "rose")
+    last = [json.loads(line) for line in (ctx.run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    assert last["env/teacher_turns_mean"] == 1 and "train/ce_loss" in last
+    opd_dir = tmp_path / "opd"
+    opd_dir.mkdir()
+    opd = _context(opd_dir, tiny_zoo, sw_pool, OPDMethod())
+    opd.teacher = teacher
+    with pytest.raises(ValueError, match="must share a"):
+        train(opd, "opd")
