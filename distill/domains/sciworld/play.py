@@ -184,6 +184,7 @@ def play(
                     finish(position, ep)
                     continue
                 ep.gold = reply.get("gold")
+                ep.score = int(reply.get("score", 0))
                 ep.begin(first_observation(reply["task_description"], reply["observation"]))
                 active[worker] = (position, ep)
         if not active:

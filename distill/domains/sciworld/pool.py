@@ -104,6 +104,9 @@ class _Simulator:
             "task_description": description,
             "observation": observation,
             "max_variations": int(env.get_max_variations(task)),
+            # Some variations start with partial credit (e.g. already in the right room): an
+            # episode whose every turn is unparseable (no simulator step) still ends with it.
+            "score": int(round(100 * env.server.getScore())),
         }
         if gold:
             out["gold"] = list(env.get_gold_action_sequence())

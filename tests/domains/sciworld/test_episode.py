@@ -184,3 +184,20 @@ def test_gold_with_look_names_the_animal_and_still_succeeds(sw_pool: EnvPool) ->
     animal = actions[focus].removeprefix("focus on ").split()[-1]
     assert animal in looked.turns[focus - 1].observation
     assert animal not in plain.turns[focus - 2].observation  # "You move to the outside."
+
+
+def test_an_episode_without_a_simulator_step_keeps_the_initial_score(sw_pool: EnvPool) -> None:
+    """Variation 107 of 7-1 starts at 50 (partial credit before any action): an agent that never
+    writes a parseable action ends there, not at 0."""
+    from distill.engines.hf import Completion
+
+    class Mute:
+        writer = "student"
+
+        def act(self, episodes, max_new_tokens):  # type: ignore[no-untyped-def]
+            return [Completion(ids=[], text="I am thinking", truncated=True) for _ in episodes]
+
+    entry = IndexEntry(index=0, task_id="7-1", task_name="lifespan-longest-lived", variation=107)
+    (ep,) = play(sw_pool, [item_of(entry)], lambda ep: Mute(), None, None, PlayConfig(max_turns=2))
+    assert [t.valid for t in ep.turns] == [False, False]
+    assert ep.moves == 0 and ep.score == 50
