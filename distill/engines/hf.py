@@ -57,6 +57,13 @@ class ChatPrompts:
     # Rendering a chat template costs ~1 ms; prompts repeat every step and every eval.
     _prompt_cache: dict[tuple[str, str | None], list[int]]
 
+    def completion(self, row: list[int], eos: set[int]) -> Completion:
+        """Generated ids cut after the first EOS (kept in ids, not in text)."""
+        cut = next((i for i, tok in enumerate(row) if tok in eos), None)
+        kept = row if cut is None else row[: cut + 1]
+        text = str(self.tokenizer.decode(kept, skip_special_tokens=True))
+        return Completion(ids=kept, text=text, truncated=cut is None)
+
     def render(self, prompt: str, system: str | None = None) -> str:
         """The chat-templated prompt text, ending with the assistant header."""
         return render_chat(self.tokenizer, prompt, system, self.enable_thinking)
@@ -176,16 +183,10 @@ class HFEngine(ChatPrompts):
                     **_sampling(temperature, top_p),
                     **suppress,
                 )
-            out += [self._completion(row, eos) for row in generated[:, ids.shape[1] :].tolist()]
+            out += [self.completion(row, eos) for row in generated[:, ids.shape[1] :].tolist()]
             if progress is not None:
                 progress(len(chunk))
         return out
-
-    def _completion(self, row: list[int], eos: set[int]) -> Completion:
-        cut = next((i for i, tok in enumerate(row) if tok in eos), None)
-        kept = row if cut is None else row[: cut + 1]
-        text = str(self.tokenizer.decode(kept, skip_special_tokens=True))
-        return Completion(ids=kept, text=text, truncated=cut is None)
 
     def continue_generate(
         self,
@@ -223,7 +224,7 @@ class HFEngine(ChatPrompts):
         row = out.sequences[0, len(ids) :].tolist()
         # The last generated token is never fed back, so the cache ends one token short.
         seen = ids + row
-        return self._completion(row, eos), KVCache(out.cache, seen[: out.cache.get_seq_length()])
+        return self.completion(row, eos), KVCache(out.cache, seen[: out.cache.get_seq_length()])
 
     def score(
         self,

@@ -239,13 +239,7 @@ class ServerEngine(ChatPrompts):
             return [int(t) for t in ids]
 
         generated = self._batched(prompt_ids, params, parse, "generate", batch_size, progress)
-        out = []
-        for row in generated:
-            cut = next((i for i, tok in enumerate(row) if tok in eos), None)
-            kept = row if cut is None else row[: cut + 1]
-            text = str(self.tokenizer.decode(kept, skip_special_tokens=True))
-            out.append(Completion(ids=kept, text=text, truncated=cut is None))
-        return out
+        return [self.completion(row, eos) for row in generated]
 
     # --- transport ---
 
