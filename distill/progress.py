@@ -26,6 +26,21 @@ def progress_bar(label: str, total: int, enabled: bool = True) -> Iterator[Calla
         yield lambda n: bar.advance(task, n)
 
 
+@contextmanager
+def hf_bars_off() -> Iterator[None]:
+    """transformers' own bars ("Loading weights", "Writing model shards") off for a block: the
+    tool prints its own progress, and theirs would interleave with it."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 class StepBar:
     """A training progress line: step, loss and the method's headline figures."""
 

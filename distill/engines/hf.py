@@ -111,6 +111,8 @@ class HFEngine(ChatPrompts):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from distill.progress import hf_bars_off
+
         tokenizer = AutoTokenizer.from_pretrained(path)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -119,9 +121,11 @@ class HFEngine(ChatPrompts):
             # A LoRA checkpoint (lora.enabled): base weights + adapters, merged for plain inference.
             from peft import AutoPeftModelForCausalLM
 
-            model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype).merge_and_unload()
+            with hf_bars_off():
+                model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype).merge_and_unload()
         else:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            with hf_bars_off():
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         model.eval()
         return cls(model, tokenizer, enable_thinking)
 

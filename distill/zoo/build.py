@@ -46,6 +46,9 @@ _DATA_FIELDS = (
 )
 
 
+_ADDED_FIELDS = {"max_positions": 1024, "episode_loss": "turns"}
+
+
 def _lookup(name: str, recipes: Mapping[str, Recipe]) -> Recipe:
     try:
         return recipes[name]
@@ -58,9 +61,10 @@ def recipe_key(name: str, domain: DomainConfig, recipes: Mapping[str, Recipe] | 
     recipe = _lookup(name, recipes)
     data = domain.model_dump(mode="json", include=set(_DATA_FIELDS))
     dump = recipe.model_dump()
-    if dump.get("max_positions") == 1024:
-        # Added after the first builds: at its old fixed value it leaves existing keys unchanged.
-        del dump["max_positions"]
+    # Fields added after the first builds: at their defaults they leave existing keys unchanged.
+    for added, default in _ADDED_FIELDS.items():
+        if added in dump and dump[added] == default:
+            del dump[added]
     parts: dict[str, Any] = {"recipe": dump, "data": data, "version": BUILD_VERSION}
     if isinstance(recipe, ModelRecipe):
         parts["tokenizer"] = recipe_key(recipe.tokenizer, domain, recipes)
@@ -83,16 +87,11 @@ def read_entry(path: Path) -> ZooEntry | None:
 
 def save_model(model: Any, tokenizer: Any, out: Path) -> None:
     """Save a built model without transformers' "Writing model shards" bar in the build's output."""
-    from transformers.utils import logging as hf_logging
+    from distill.progress import hf_bars_off
 
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
+    with hf_bars_off():
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 def ensure_built(

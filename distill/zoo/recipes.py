@@ -7,6 +7,8 @@ randomly initialised student does not move under OPD (measured, see the notes in
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -39,6 +41,10 @@ class ModelRecipe(BaseModel):
     seed: int = 0
     # The model's context length (max_position_embeddings): whole SciWorld episodes run past 1024.
     max_positions: int = 1024
+    # SciWorld: "turns" puts CE on the gold turns only; "all" on every token of the episode,
+    # observations included: the simulator's text echoes each action's argument ("You move the
+    # bed to the red box."), copying practice a 2-layer agent lacks otherwise (docs/sciworld.md).
+    episode_loss: Literal["turns", "all"] = "turns"
 
 
 Recipe = TokenizerRecipe | ModelRecipe
@@ -106,6 +112,7 @@ DOMAIN_RECIPES: dict[str, dict[str, Recipe]] = {
             batch_size=8,
             warmup_steps=10,
             max_positions=4096,
+            episode_loss="all",
         ),
         "student": ModelRecipe(
             arch="qwen3",
@@ -115,7 +122,7 @@ DOMAIN_RECIPES: dict[str, dict[str, Recipe]] = {
             heads=2,
             kv_heads=1,
             intermediate=192,
-            steps=60,
+            steps=150,
             lr=3e-3,
             batch_size=8,
             data_items=32,

@@ -51,6 +51,19 @@ def test_load(engine: HFEngine, tiny_zoo: Any) -> None:
     assert bf16.model.dtype == torch.bfloat16
 
 
+def test_load_keeps_the_weights_bar_out(tiny_zoo: Any, capfd: pytest.CaptureFixture[str]) -> None:
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()
+    capfd.readouterr()
+    AutoModelForCausalLM.from_pretrained(tiny_zoo.teacher)
+    assert "Loading weights" in capfd.readouterr().err  # what `distill eval` used to print
+    HFEngine.load(str(tiny_zoo.teacher))
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()
+
+
 def test_render_ends_with_assistant_header(engine: HFEngine) -> None:
     text = engine.render("hi there")
     assert text == "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n"

@@ -74,6 +74,11 @@ def test_key_depends_on_recipe_tokenizer_and_data(tiny_zoo: Any) -> None:
     more_steps = dict(TINY_RECIPES, teacher=teacher.model_copy(update={"steps": teacher.steps + 1}))
     assert recipe_key("teacher", domain, more_steps) != base
     assert entry_dir(tiny_zoo.root, "teacher", domain, more_steps) != tiny_zoo.teacher
+    # A field added to recipes later keeps old keys at its default and re-keys when set.
+    same = dict(TINY_RECIPES, teacher=teacher.model_copy(update={"episode_loss": "turns"}))
+    assert recipe_key("teacher", domain, same) == base
+    changed = dict(TINY_RECIPES, teacher=teacher.model_copy(update={"episode_loss": "all"}))
+    assert recipe_key("teacher", domain, changed) != base
     # Other entries are unaffected by the teacher's recipe.
     assert recipe_key("student", domain, more_steps) == recipe_key("student", domain, TINY_RECIPES)
 

@@ -43,6 +43,8 @@ def build_agent(
     if not items:
         raise ValueError(f"zoo {name}: no sciworld training item has a gold trajectory")
     examples = gold_examples(items, tokenizer, frame_for(tokenizer, None))
+    if recipe.episode_loss == "all":
+        examples = [(ids, list(ids)) for ids, _ in examples]
     # Episodes are long (~1-2k tokens): batches of a few episodes, same number of updates.
     batch_size = max(1, min(recipe.batch_size, 8))
     loss_value = fit_examples(
