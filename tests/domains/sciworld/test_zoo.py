@@ -1,0 +1,59 @@
+"""The embedded agents' training rows: CE on the gold turns, or on every token of the episode."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from distill.domains.base import Item
+from distill.domains.sciworld.zoo import training_examples
+from distill.evals.agent import frame_for
+from distill.methods.episodes import IGNORE, replay_gold
+
+# A 4-2 gold trajectory as the simulator recorded it (variation 198, gold_look on).
+STEPS = [
+    ("open door to hallway", "The door is now open."),
+    ("go to hallway", "You move to the hallway."),
+    ("open door to bedroom", "The door is now open."),
+    ("go to bedroom", "You move to the bedroom."),
+    ("look around", "This room is called the bedroom. In it, you see: \n\tthe agent\n\ta bed\n\ta red box"),
+    ("focus on bed", "You focus on the bed."),
+    ("move bed to red box", "You move the bed to the red box."),
+]
+FIRST = (
+    "Your task is to find a(n) non-living thing. First, focus on the thing. Then, move it to the red box "
+    "in the bedroom.\nThis room is called the living room. In it, you see: \n\tthe agent\n\ta chair"
+)
+
+
+@pytest.fixture
+def item() -> Item:
+    steps = [{"action": a, "observation": o} for a, o in STEPS]
+    meta = {"task_id": "4-2", "first": FIRST, "steps": steps, "gold_score": 100}
+    return Item(id="sciworld_3434", prompt=FIRST, answer="100", solution=json.dumps(steps), meta=meta)
+
+
+def test_turns_and_all_label_the_same_episode_differently(
+    item: Item, tokenizer_dirs: dict[str, Path]
+) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dirs["qwen"])
+    ((ids, turn_labels),) = training_examples([item], tok, "turns")
+    ((all_ids, all_labels),) = training_examples([item], tok, "all")
+    assert ids == all_ids
+    assert all_labels == ids  # every token, the observations' echoes of the actions included
+    ep = replay_gold(item, tok, frame_for(tok, None))
+    assert ep.ids == ids
+    labelled = [i for i, label in enumerate(turn_labels) if label != IGNORE]
+    assert labelled == [i for i, m in enumerate(ep.mask({"gold"})) if m]
+    assert all(turn_labels[i] == ids[i] for i in labelled)
+    # The gold turns are a small part of the sequence; the rest is what "all" adds.
+    assert 0 < len(labelled) < len(ids) // 2
+    unlabelled = tok.decode([t for t, label in zip(ids, turn_labels, strict=True) if label == IGNORE])
+    assert "You focus on the bed." in unlabelled
+    assert "You focus on" not in tok.decode([ids[i] for i in labelled])
+    with pytest.raises(ValueError, match="episode_loss='env'"):
+        training_examples([item], tok, "env")
