@@ -42,8 +42,8 @@ class ModelRecipe(BaseModel):
     # The model's context length (max_position_embeddings): whole SciWorld episodes run past 1024.
     max_positions: int = 1024
     # SciWorld: "turns" puts CE on the gold turns only; "all" on every token of the episode,
-    # observations included: the simulator's text echoes each action's argument ("You move the
-    # bed to the red box."), copying practice a 2-layer agent lacks otherwise (docs/sciworld.md).
+    # observations included: the simulator's text echoes each action's argument ("You focus on
+    # the bed."), copying practice a 2-layer agent lacks otherwise (docs/sciworld.md).
     episode_loss: Literal["turns", "all"] = "turns"
 
 

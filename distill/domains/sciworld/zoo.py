@@ -2,9 +2,10 @@
 
 Each training row is one whole gold episode in the AgentGym format (the same token sequence a
 live episode has), with CE on the gold turns, or on every token (`episode_loss="all"`, the
-sciworld teacher: the observations' echoes of each action are copying practice). The teacher is trained on all training
-items; the student (a smaller recipe with `data_items`) on a small slice, so it starts weak.
-The built model is scored by playing its domain's eval items on the simulator pool.
+sciworld teacher: the observations' echoes of each action are copying practice). The teacher
+is trained on all training items; the student (a smaller recipe with `data_items`) on a small
+slice, so it starts weak. The built model is scored by playing its domain's eval items on the
+simulator pool.
 """
 
 from __future__ import annotations

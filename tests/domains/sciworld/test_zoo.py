@@ -12,7 +12,7 @@ from distill.domains.sciworld.zoo import training_examples
 from distill.evals.agent import frame_for
 from distill.methods.episodes import IGNORE, replay_gold
 
-# A 4-2 gold trajectory as the simulator recorded it (variation 198, gold_look on).
+# A 4-2 gold trajectory in the simulator's words (variation 198, its look-around shortened).
 STEPS = [
     ("open door to hallway", "The door is now open."),
     ("go to hallway", "You move to the hallway."),
