@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from distill.methods.context import RunContext
 
 IGNORE = -100
+# The writer of the malformed turns `replay_gold` can insert (never a training target).
+SLIP = "slip"
 
 
 def episode_example(ep: Episode, writers: Iterable[str]) -> tuple[list[int], list[int]]:
@@ -35,12 +37,19 @@ def episode_example(ep: Episode, writers: Iterable[str]) -> tuple[list[int], lis
 
 
 def replay_gold(
-    item: Item, tokenizer: PreTrainedTokenizerBase, frame: ChatFrame, writer: str = "gold"
+    item: Item,
+    tokenizer: PreTrainedTokenizerBase,
+    frame: ChatFrame,
+    writer: str = "gold",
+    slip: tuple[int, int] | None = None,
 ) -> Episode:
     """An item's recorded gold trajectory as an episode token sequence, without a simulator.
 
     The steps (action, observation) were played through the simulator when the item was made;
-    the sequence is built by the same code that builds a live episode.
+    the sequence is built by the same code that builds a live episode. `slip=(turn, words)`
+    puts a malformed turn (writer `SLIP`) before gold turn `turn`: that turn's thought cut
+    after `words` words, with no `Action:` line, answered by the "Invalid Action" feedback a
+    live episode gets. It needs no simulator (no step is taken) and the gold play goes on.
     """
     from distill.domains.sciworld.episode import Episode
     from distill.domains.sciworld.prompt import format_response
@@ -52,6 +61,12 @@ def replay_gold(
     ep.begin(str(item.meta["first"]))
     for i, step in enumerate(steps):
         text = format_response(step["action"])
+        if slip is not None and slip[0] == i:
+            thought = text.split("\n\nAction:")[0].split(" ")
+            cut = " ".join(thought[: max(1, min(slip[1], len(thought)))])
+            ids = list(tokenizer(cut, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+            ep.add_turn(SLIP, ids, cut, truncated=False)
+            ep.invalid(last=False)
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
         ep.add_turn(writer, ids, text, truncated=False)
         ep.add_observation(step["observation"], last=i + 1 == len(steps))

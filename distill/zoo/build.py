@@ -152,7 +152,12 @@ def ensure_built(
         if show_progress:
             score = f", eval accuracy {entry.eval['accuracy']:.1%}" if "accuracy" in entry.eval else ""
             if "success" in entry.eval:  # a multi-turn agent (sciworld)
+                tasks = [
+                    k.split("/")[1] for k in entry.eval if k.startswith("task/") and k.endswith("/success")
+                ]
+                per_task = ", ".join(f"{t} {entry.eval[f'task/{t}/success']:.0%}" for t in tasks)
                 score = f", eval Score {entry.eval['score']:.3f} Success {entry.eval['success']:.1%}"
+                score += f" ({per_task})" if per_task else ""
             print(f"zoo: built {name} in {entry.seconds:.0f} s{score}", file=sys.stderr, flush=True)
     return target
 

@@ -36,7 +36,8 @@ class ModelRecipe(BaseModel):
     # Train on only the first `data_items` training items (None: all): the student's warm start.
     data_items: int | None = None
     warmup_steps: int = 30
-    # Share of training traces with one wrong, loss-masked intermediate step (teachers only).
+    # Share of training traces with one wrong, loss-masked intermediate step (teachers only);
+    # on sciworld, one malformed turn answered by the "Invalid Action" feedback (zoo.py).
     corrupt_prob: float = 0.0
     seed: int = 0
     # The model's context length (max_position_embeddings): whole SciWorld episodes run past 1024.
@@ -113,6 +114,9 @@ DOMAIN_RECIPES: dict[str, dict[str, Recipe]] = {
             warmup_steps=10,
             max_positions=4096,
             episode_loss="all",
+            # Half the episodes hold one malformed turn and its "Invalid Action" feedback: the
+            # teacher then reads a student's broken episodes as something it has seen.
+            corrupt_prob=0.5,
         ),
         "student": ModelRecipe(
             arch="qwen3",

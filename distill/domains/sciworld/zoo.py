@@ -46,7 +46,7 @@ def build_agent(
         items = items[: min(recipe.data_items, max(1, len(items) // 8))]
     if not items:
         raise ValueError(f"zoo {name}: no sciworld training item has a gold trajectory")
-    examples = training_examples(items, tokenizer, recipe.episode_loss)
+    examples = training_examples(items, tokenizer, recipe.episode_loss, recipe.corrupt_prob, recipe.seed)
     # Episodes are long (~1-2k tokens): batches of a few episodes, same number of updates.
     batch_size = max(1, min(recipe.batch_size, 8))
     loss_value = fit_examples(
@@ -72,21 +72,44 @@ def build_agent(
         "final_loss": round(loss_value, 4),
         "train_episodes": len(examples),
         "episode_tokens_mean": round(sum(lengths) / len(lengths), 1),
-        "eval": {k: round(v, 4) for k, v in result.metrics.items() if not k.startswith("task/")},
+        # Per task too (`task/<id>/success`): a pair's mean can hide a task it never solves.
+        "eval": {k: round(v, 4) for k, v in result.metrics.items()},
     }
 
 
 def training_examples(
-    items: list[Item], tokenizer: PreTrainedTokenizerBase, loss: str
+    items: list[Item],
+    tokenizer: PreTrainedTokenizerBase,
+    loss: str,
+    corrupt_prob: float = 0.0,
+    seed: int = 0,
 ) -> list[tuple[list[int], list[int]]]:
     """(input_ids, labels) of the items' gold episodes: labels on the gold turns ("turns") or on
-    every token ("all", observations and template too)."""
-    from distill.evals.agent import frame_for
-    from distill.methods.episodes import gold_examples
+    every token ("all", observations and template too).
 
-    examples = gold_examples(items, tokenizer, frame_for(tokenizer, None))
-    if loss == "all":
-        return [(ids, list(ids)) for ids, _ in examples]
-    if loss != "turns":
+    With `corrupt_prob`, that share of episodes carries one malformed turn (a thought cut short,
+    no action) and the "Invalid Action" feedback before a gold turn, never labelled: a model
+    trained on flawless episodes only has never read that feedback, and writes nonsense after
+    it, which is what a student's own episodes are full of (docs/sciworld.md).
+    """
+    import random
+
+    from distill.evals.agent import frame_for
+    from distill.methods.episodes import IGNORE, SLIP, episode_example, replay_gold
+
+    if loss not in ("turns", "all"):
         raise ValueError(f"episode_loss={loss!r}: expected 'turns' or 'all'")
-    return examples
+    frame = frame_for(tokenizer, None)
+    rng = random.Random(seed)
+    out = []
+    for item in items:
+        slip = None
+        if corrupt_prob and rng.random() < corrupt_prob:
+            slip = (rng.randrange(len(item.meta["steps"])), rng.randint(1, 6))
+        ep = replay_gold(item, tokenizer, frame, slip=slip)
+        if loss == "turns":
+            out.append(episode_example(ep, ["gold"]))
+        else:
+            slipped = ep.mask({SLIP})
+            out.append((list(ep.ids), [IGNORE if m else t for t, m in zip(ep.ids, slipped, strict=True)]))
+    return out

@@ -57,3 +57,30 @@ def test_turns_and_all_label_the_same_episode_differently(
     assert "You focus on" not in tok.decode([ids[i] for i in labelled])
     with pytest.raises(ValueError, match="episode_loss='env'"):
         training_examples([item], tok, "env")
+
+
+def test_corrupt_prob_inserts_one_unlabelled_slip_answered_by_invalid_action(
+    item: Item, tokenizer_dirs: dict[str, Path]
+) -> None:
+    from transformers import AutoTokenizer
+
+    from distill.domains.sciworld.prompt import INVALID_ACTION
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dirs["qwen"])
+    ((plain_ids, _),) = training_examples([item], tok, "all")
+    assert training_examples([item], tok, "all", 0.0, 3) == [(plain_ids, plain_ids)]
+    for seed in range(4):
+        ((ids, labels),) = training_examples([item], tok, "all", 1.0, seed)
+        unlabelled = [i for i, label in enumerate(labels) if label == IGNORE]
+        # One contiguous malformed turn: a gold thought cut short, ending its turn, no action.
+        assert unlabelled == list(range(unlabelled[0], unlabelled[-1] + 1))
+        slip = tok.decode([ids[i] for i in unlabelled])
+        assert slip.startswith("Thought:\nI") and slip.endswith(tok.eos_token) and "Action:" not in slip
+        assert all(labels[i] == ids[i] for i in range(len(ids)) if i not in unlabelled)
+        text = tok.decode(ids)
+        assert text.count(INVALID_ACTION) == 1 and text.index(slip) < text.index(INVALID_ACTION)
+        # Every gold turn is still there, in order: the slip adds a turn, it replaces none.
+        assert len(ids) > len(plain_ids)
+        ((_, turn_labels),) = training_examples([item], tok, "turns", 1.0, seed)
+        gold = tok.decode([t for t in turn_labels if t != IGNORE]).replace(tok.eos_token, "\n")
+        assert [a for a, _ in STEPS] == [line for line in gold.split("\n") if line in {a for a, _ in STEPS}]
