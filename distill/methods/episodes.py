@@ -59,26 +59,22 @@ def replay_gold(
         raise ValueError(f"item {item.id} carries no gold steps")
     ep = Episode(item=item, worker=-1, tokenizer=tokenizer, frame=frame)
     ep.begin(str(item.meta["first"]))
+
+    def ended(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+
     for i, step in enumerate(steps):
         text = format_response(step["action"])
         if slip is not None and slip[0] == i:
             thought = text.split("\n\nAction:")[0].split(" ")
             cut = " ".join(thought[: max(1, min(slip[1], len(thought)))])
-            ids = list(tokenizer(cut, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
-            ep.add_turn(SLIP, ids, cut, truncated=False)
+            ep.add_turn(SLIP, ended(cut), cut, truncated=False)
             ep.invalid(last=False)
-        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
-        ep.add_turn(writer, ids, text, truncated=False)
+        ep.add_turn(writer, ended(text), text, truncated=False)
         ep.add_observation(step["observation"], last=i + 1 == len(steps))
     ep.score = int(item.meta.get("gold_score", 0))
     ep.done = True
     return ep
-
-
-def gold_examples(
-    items: list[Item], tokenizer: PreTrainedTokenizerBase, frame: ChatFrame
-) -> list[tuple[list[int], list[int]]]:
-    return [episode_example(replay_gold(item, tokenizer, frame), ["gold"]) for item in items]
 
 
 def episode_stats(episodes: list[Episode]) -> dict[str, float]:
