@@ -117,14 +117,13 @@ class HFEngine(ChatPrompts):
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         dtype = getattr(torch, DTYPES[precision])
-        if (Path(path) / "adapter_config.json").exists():
-            # A LoRA checkpoint (lora.enabled): base weights + adapters, merged for plain inference.
-            from peft import AutoPeftModelForCausalLM
+        with hf_bars_off():
+            if (Path(path) / "adapter_config.json").exists():
+                # A LoRA checkpoint (lora.enabled): base weights + adapters, merged for plain inference.
+                from peft import AutoPeftModelForCausalLM
 
-            with hf_bars_off():
                 model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype).merge_and_unload()
-        else:
-            with hf_bars_off():
+            else:
                 model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         model.eval()
         return cls(model, tokenizer, enable_thinking)
