@@ -2,9 +2,9 @@
 
 `distill run --launcher accelerate` re-executes itself as `accelerate launch ... -m distill run`;
 `accelerate launch -m distill run ...` typed by hand is the same thing. Every process then runs
-`execute`: rank 0 creates the run directory and the MLflow run and tells the others where it is
-(a broadcast over the process group the trainer uses anyway); the other ranks load the same
-config from that directory and train (`train_worker`). Only rank 0 logs, evaluates, writes
+`runner.execute`: rank 0 creates the run directory and the MLflow run and tells the others where
+it is (a broadcast over the process group the trainer uses anyway); the other ranks load the same
+config from that directory and train (`runner.train_worker`). Only rank 0 logs, evaluates, writes
 checkpoints and the summary; TRL's trainers do the data parallelism (DDP, DeepSpeed, FSDP) through
 accelerate. No home-made distributed layer: torch.distributed is used for three small agreements
 (the run directory, the per-step figures, "every rank has written its checkpoint part").
@@ -16,10 +16,7 @@ import os
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from distill.settings import Settings
+from typing import Any
 
 # Flags of `distill run` that choose the launcher; they are not passed on to the launched processes.
 LAUNCHER_FLAGS = ("--launcher", "--accelerate-config", "--num-processes")
@@ -101,7 +98,7 @@ def _group_ready() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def share(value: Any) -> Any:
+def broadcast(value: Any) -> Any:
     """Rank 0's `value` on every rank (the others pass anything, typically None)."""
     if not _group_ready():
         return value
@@ -145,68 +142,6 @@ def per_device(total: int, field: str) -> int:
     if total % n:
         raise ValueError(f"{field}={total} is not divisible by the {n} training processes")
     return total // n
-
-
-def train_worker(settings: Settings) -> dict[str, Any]:
-    """Ranks > 0: train the run rank 0 created; log, evaluate and checkpoint nothing themselves."""
-    import warnings
-
-    import torch
-    import transformers
-    from transformers import set_seed
-
-    from distill.config import load_run_config
-    from distill.domains import build_domain
-    from distill.methods import get_method
-    from distill.methods.context import RunContext
-    from distill.runner import _load_engine
-    from distill.tracking.base import NullTracker
-
-    where = share(None)
-    run_dir, resume_from = Path(where[0]), (Path(where[1]) if where[1] else None)
-    # The config rank 0 saved, so every rank trains exactly the same run (and the same on resume).
-    config = load_run_config(run_dir / "config.yaml")
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    set_seed(config.seed)
-    train = get_method(config.method.name, config.domain.name)
-    domain = build_domain(config.domain)
-    try:
-        student = _load_engine(config.student, config, settings)
-        teacher = _load_engine(config.teacher, config, settings)
-        if config.threads:
-            torch.set_num_threads(config.threads)
-        log: Any = WorkerLog(run_dir, NullTracker())
-        train(RunContext(config, run_dir, domain, student, teacher, log, resume_from=resume_from))
-    except BaseException:
-        import traceback
-
-        # Rank 0 records its own failure in error.log; a worker's would otherwise be only on stderr.
-        (run_dir / f"error-rank{rank()}.log").write_text(traceback.format_exc())
-        raise
-    finally:
-        domain.close()
-    return {"run_id": run_dir.name, "rank": rank(), "status": "WORKER_DONE"}
-
-
-class WorkerLog:
-    """A rank > 0's StepLog: keeps the step's figures for `reduce_metrics`, writes nothing."""
-
-    def __init__(self, run_dir: Path, tracker: Any) -> None:
-        self.run_dir = run_dir
-        self.tracker = tracker
-        self.pending: dict[str, float] = {}
-
-    def add(self, metrics: dict[str, float]) -> None:
-        self.pending.update(metrics)
-
-    def write(self, step: int, metrics: dict[str, float]) -> None:
-        pass
-
-    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
-        pass
 
 
 def strip_launcher_flags(args: list[str]) -> list[str]:

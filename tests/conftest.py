@@ -13,7 +13,8 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from distill.config import DomainConfig, RLVEDomainConfig  # noqa: E402
+from distill.config import DomainBase  # noqa: E402
+from distill.domains.rlve.config import RLVEDomainConfig  # noqa: E402
 from distill.zoo.recipes import ModelRecipe, TokenizerRecipe  # noqa: E402
 
 # Small enough to build in seconds; the default recipes are exercised by the README command.
@@ -64,7 +65,7 @@ TINY_RECIPES = {
 }
 
 
-def tiny_domain() -> DomainConfig:
+def tiny_domain() -> DomainBase:
     return RLVEDomainConfig(train_size=256, eval_size=16)
 
 
@@ -79,7 +80,7 @@ def _workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @dataclass(frozen=True)
 class TinyZoo:
     root: Path
-    domain: DomainConfig
+    domain: DomainBase
     teacher: Path
     student: Path
     tok_qwen: Path

@@ -90,7 +90,7 @@ def test_ranks_and_per_device_batch_from_the_launcher_env(monkeypatch: pytest.Mo
 
 def test_single_process_agreement_is_the_identity() -> None:
     # No process group: share/reduce/barrier are no-ops, so one-process runs are unchanged.
-    assert launch.share(("a", None)) == ("a", None)
+    assert launch.broadcast(("a", None)) == ("a", None)
     assert launch.reduce_metrics({"x": 1.0}) == {"x": 1.0}
     launch.barrier()
 
@@ -123,12 +123,13 @@ def test_sharded_launchers_are_recognised(monkeypatch: pytest.MonkeyPatch) -> No
 
 @pytest.mark.parametrize("loss", ["forward_kl_topk", "jsd", "k3"])
 def test_divergence_losses_refuse_a_sharded_student(monkeypatch: pytest.MonkeyPatch, loss: str) -> None:
-    from types import SimpleNamespace
-
     from distill.config import OPDMethod, RunConfig
+    from distill.methods.context import RunContext
     from distill.methods.opd import train_on_policy
+    from distill.tracking.rundir import RunDir
 
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    ctx = SimpleNamespace(config=RunConfig(method=OPDMethod(loss=loss)))
+    # Refused before the domain, the engines or the log are touched: none is needed.
+    ctx = RunContext(RunConfig(method=OPDMethod(loss=loss)), RunDir(Path(".")), None, None, None, None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=f"method.loss={loss} trains in several processes with DDP only"):
         train_on_policy(ctx, lambda engine, item: [])  # type: ignore[arg-type]

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -15,10 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distill import __version__
+from distill.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
     from distill.config import RunConfig
-    from distill.engines.hf import HFEngine
+    from distill.engines.base import Engine
 
 PACKAGES = (
     "torch",
@@ -62,21 +62,8 @@ def hardware() -> dict[str, Any]:
     return info
 
 
-def _model_info(engine: HFEngine) -> dict[str, Any]:
-    if getattr(engine, "engine", "hf") == "server":  # a served teacher: no weights in this process
-        return engine.describe()  # type: ignore[attr-defined,no-any-return]
-    model = engine.model
-    return {
-        "path": str(model.name_or_path),
-        "class": type(model).__name__,
-        "params": sum(p.numel() for p in model.parameters()),
-        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-        "vocab": len(engine.tokenizer),
-    }
-
-
 def build_manifest(
-    config: RunConfig, argv: list[str], mlflow_run_id: str, student: HFEngine, teacher: HFEngine
+    config: RunConfig, argv: list[str], mlflow_run_id: str, student: Engine, teacher: Engine
 ) -> dict[str, Any]:
     from distill.tracking.mlflow import git_tags
 
@@ -89,30 +76,19 @@ def build_manifest(
         "git": {"sha": git.get("git.sha"), "dirty": git.get("git.dirty")},
         "packages": package_versions(),
         "hardware": hardware(),
-        "models": {"student": _model_info(student), "teacher": _model_info(teacher)},
+        "models": {"student": student.describe(), "teacher": teacher.describe()},
         "mlflow_run_id": mlflow_run_id,
     }
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "manifest.json"
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{path} is missing (the run never got past loading its models?)") from None
-    except ValueError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a JSON object")
-    return data
+    return RunDir(run_dir).read_manifest()
 
 
 def update_manifest(run_dir: Path, fields: dict[str, Any]) -> dict[str, Any]:
-    """Merge `fields` into manifest.json, replacing the file rather than writing into it: an archived
-    manifest may be a hardlink into the DVC cache, which an in-place write would corrupt."""
-    manifest = read_manifest(run_dir)
+    """Merge `fields` into manifest.json (replaced, never written into: see RunDir.write_manifest)."""
+    run = RunDir(run_dir)
+    manifest = run.read_manifest()
     manifest.update(fields)
-    tmp = run_dir / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2))
-    os.replace(tmp, run_dir / "manifest.json")
+    run.write_manifest(manifest)
     return manifest

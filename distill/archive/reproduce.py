@@ -1,6 +1,6 @@
 """`distill reproduce <run>`: re-create a run from its manifest and say whether its numbers match.
 
-Full mode re-runs training with the manifest's resolved config (same seed, same data, same
+Full mode (`prepare_rerun`, run by the caller through `runner.execute`) re-runs training with the manifest's resolved config (same seed, same data, same
 models) as a new run `<run>-repro-<hex>` and compares every eval figure of the two summaries.
 `--eval-only` loads the run's final checkpoint (e.g. after `distill archive pull`) and repeats the
 final eval only. Both compare exactly: greedy eval on CPU is deterministic, so any difference is a
@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from distill.archive.dvcrepo import ArchiveError
 from distill.archive.manifest import package_versions, read_manifest
+from distill.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
     from distill.config import RunConfig
-    from distill.settings import Settings
 
 Say = Any  # a callable(str) that prints for the user
 SECTIONS = ("student_before", "teacher_score", "student_after")
@@ -95,13 +95,25 @@ def _manifest_config(run_dir: Path) -> tuple[dict[str, Any], RunConfig]:
         raise ConfigError(f"{run_dir / 'manifest.json'}: config no longer validates: {exc}") from None
 
 
-def reproduce_run(
-    run_dir: Path, settings: Settings, argv: list[str] | None = None, say: Say = print
-) -> Reproduction:
-    """Train again from the manifest (same config and seed) and compare the eval numbers."""
-    from distill.runner import execute, read_summary
+@dataclass
+class Rerun:
+    """A FINISHED run's manifest config under a new run name, ready for `runner.execute`; the
+    caller runs it (archive sits below the runner) and `compare`s the two summaries."""
 
-    original = read_summary(run_dir)
+    run_id: str
+    config: RunConfig
+    original: dict[str, Any]
+    notes: list[str]
+
+    def compare(self, summary: dict[str, Any]) -> Reproduction:
+        return Reproduction(
+            self.run_id, summary["run_id"], compare_summaries(self.original, summary), self.notes
+        )
+
+
+def prepare_rerun(run_dir: Path) -> Rerun:
+    """Train again from the manifest (same config and seed): the config to run and what to compare."""
+    original = RunDir(run_dir).read_summary()
     if original.get("status") != "FINISHED":
         raise ArchiveError(
             f"run {run_dir.name} is {original.get('status', 'unknown')}; reproduce a FINISHED run"
@@ -109,12 +121,11 @@ def reproduce_run(
     manifest, config = _manifest_config(run_dir)
     notes = environment_notes(manifest, config)
     config.tracking.run_name = f"{run_dir.name}-repro-{secrets.token_hex(2)}"
-    summary = execute(config, settings, argv=argv, say=say)
-    return Reproduction(run_dir.name, summary["run_id"], compare_summaries(original, summary), notes)
+    return Rerun(run_dir.name, config, original, notes)
 
 
 def final_checkpoint(run_dir: Path, config: RunConfig) -> Path:
-    path = run_dir / "checkpoints" / f"step-{config.optim.max_steps}"
+    path = RunDir(run_dir).checkpoint(config.optim.max_steps)
     if not (path / "config.json").exists():
         raise ArchiveError(f"{path} is missing; restore it with `distill archive pull {run_dir.name}` first")
     return path
@@ -126,10 +137,9 @@ def reproduce_eval(run_dir: Path, say: Say = print, show_progress: bool = True) 
 
     from distill.domains import build_domain
     from distill.engines.hf import HFEngine
-    from distill.evals.runner import evaluate
-    from distill.runner import read_summary
+    from distill.evals import evaluator_for
 
-    original = read_summary(run_dir)
+    original = RunDir(run_dir).read_summary()
     if "student_after" not in original:
         raise ArchiveError(f"run {run_dir.name} has no final eval in summary.json")
     manifest, config = _manifest_config(run_dir)
@@ -140,9 +150,11 @@ def reproduce_eval(run_dir: Path, say: Say = print, show_progress: bool = True) 
     say(f"evaluating {checkpoint}")
     engine = HFEngine.load(str(checkpoint), config.student.precision, config.student.enable_thinking)
     domain = build_domain(config.domain)
-    items = domain.eval_items()[: config.eval.items]
-    result = evaluate(
-        engine, domain, items, config.eval, label="eval: final checkpoint", show_progress=show_progress
-    )
+    try:
+        items = domain.eval_items()[: config.eval.items]
+        evaluate = evaluator_for(domain)
+        result = evaluate(engine, domain, items, config.eval, "eval: final checkpoint", show_progress)
+    finally:
+        domain.close()
     reproduced = {"student_after": result.metrics}
     return Reproduction(run_dir.name, None, compare_summaries(original, reproduced), notes)

@@ -10,14 +10,13 @@ are needed: a new machine, a deleted workspace, a colleague's run.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import yaml
 
 from distill.archive.dvcrepo import ArchiveError
+from distill.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
     from distill.settings import Settings
@@ -25,53 +24,35 @@ if TYPE_CHECKING:
 TAG_PREFIX = "archive.md5."
 
 
-def find_archived_mlflow_run(settings: Settings, run_id: str) -> tuple[str, dict[str, str]]:
-    """(MLflow run id, tags) of the archived run named `run_id` in the workspace's tracking store."""
-    from mlflow.tracking import MlflowClient
+def find_archived_mlflow_run(uri: str, run_id: str) -> tuple[str, dict[str, str]]:
+    """(MLflow run id, tags) of the archived run named `run_id` in the store at `uri`."""
+    from distill.tracking.mlflow import runs_named
 
-    client = MlflowClient(tracking_uri=settings.resolved_tracking_uri)
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    found = (
-        client.search_runs(experiments, filter_string=f"attributes.run_name = '{run_id}'")
-        if experiments
-        else []
-    )
-    archived = [r for r in found if any(k.startswith(TAG_PREFIX) for k in r.data.tags)]
+    archived = [r for r in runs_named(uri, run_id) if any(k.startswith(TAG_PREFIX) for k in r["tags"])]
     if not archived:
         raise ArchiveError(
-            f"no run {run_id!r} under {settings.runs_dir}, and no archived MLflow run of that name "
-            f"in {settings.resolved_tracking_uri}"
+            f"no run {run_id!r} in this workspace, and no archived MLflow run of that name in {uri}"
         )
-    run = max(archived, key=lambda r: r.info.start_time)
-    return run.info.run_id, dict(run.data.tags)
-
-
-def _download(client: Any, mlflow_run_id: str, name: str, target: Path) -> bool:
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            path = Path(client.download_artifacts(mlflow_run_id, name, tmp))
-        except Exception:  # an artifact store this machine cannot reach: the manifest still has the config
-            return False
-        shutil.copyfile(path, target)
-    return True
+    run = max(archived, key=lambda r: r["start_time"])
+    return str(run["run_id"]), dict(run["tags"])
 
 
 def restore_run_dir(settings: Settings, run_id: str) -> Path:
     """Write the `.dvc` files and `archive.json` of an archived run from its MLflow tags; returns
     the run directory, ready for `pull_run`."""
-    from mlflow.tracking import MlflowClient
-
     from distill.archive.store import RECORD
+    from distill.tracking.mlflow import download_artifact
 
-    mlflow_run_id, tags = find_archived_mlflow_run(settings, run_id)
-    run_dir = settings.runs_dir / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
+    uri = settings.resolved_tracking_uri
+    mlflow_run_id, tags = find_archived_mlflow_run(uri, run_id)
+    run = RunDir(settings.runs_dir / run_id)
+    run.path.mkdir(parents=True, exist_ok=True)
     outputs = {
         key[len(TAG_PREFIX) :]: {"md5": value} for key, value in tags.items() if key.startswith(TAG_PREFIX)
     }
     for name, info in outputs.items():
         out = {"md5": info["md5"], "hash": "md5", "path": name}
-        (run_dir / f"{name}.dvc").write_text(yaml.safe_dump({"outs": [out]}, sort_keys=False))
+        (run.path / f"{name}.dvc").write_text(yaml.safe_dump({"outs": [out]}, sort_keys=False))
     record = {
         "run_id": run_id,
         "remote_url": tags.get("archive.remote", ""),
@@ -81,20 +62,20 @@ def restore_run_dir(settings: Settings, run_id: str) -> Path:
         "outputs": outputs,
         "mlflow_run_id": mlflow_run_id,
     }
-    (run_dir / RECORD).write_text(json.dumps(record, indent=2))
-    client = MlflowClient(tracking_uri=settings.resolved_tracking_uri)
-    for name in ("config.yaml", "summary.json", "metrics.jsonl"):
-        if not (run_dir / name).exists():
-            _download(client, mlflow_run_id, name, run_dir / name)
-    return run_dir
+    (run.path / RECORD).write_text(json.dumps(record, indent=2))
+    for target in (run.config, run.summary, run.metrics):
+        if not target.exists():
+            download_artifact(uri, mlflow_run_id, target.name, target)
+    return run.path
 
 
 def finish_restore(run_dir: Path) -> None:
     """After the pull: `config.yaml` from the manifest when the MLflow artifact was out of reach."""
-    if (run_dir / "config.yaml").exists():
+    run = RunDir(run_dir)
+    if run.config.exists():
         return
     from distill.archive.manifest import read_manifest
 
     config = read_manifest(run_dir).get("config")
     if config is not None:
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        run.config.write_text(yaml.safe_dump(config, sort_keys=False))

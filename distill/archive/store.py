@@ -34,17 +34,18 @@ from distill.archive.hashing import (
 )
 from distill.archive.manifest import read_manifest, update_manifest
 from distill.archive.tagger import MlflowTagger
+from distill.tracking.rundir import RunDir, live_status
 
 if TYPE_CHECKING:
     from distill.config import RunConfig
     from distill.settings import Settings
 
-DIRS = ("checkpoints", "data", "samples", "eval")
-MANIFEST = "manifest.json"
+DIRS = (RunDir.CHECKPOINTS, RunDir.DATA, RunDir.SAMPLES, RunDir.EVAL)
+MANIFEST = RunDir.MANIFEST
 RECORD = "archive.json"
 # Outputs the runner may write again (a resumed run re-evaluates and re-samples): plain copies,
 # never hardlinks into the cache, so such a write cannot alter archived content.
-MUTABLE = ("data", "samples", "eval", MANIFEST)
+MUTABLE = (RunDir.DATA, RunDir.SAMPLES, RunDir.EVAL, MANIFEST)
 
 
 def read_record(run_dir: Path) -> dict[str, Any] | None:
@@ -61,7 +62,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 def _run_config(run_dir: Path) -> RunConfig:
     from distill.config import load_run_config
 
-    return load_run_config(run_dir / "config.yaml")
+    return load_run_config(RunDir(run_dir).config)
 
 
 def materialise_prompts(run_dir: Path, config: RunConfig) -> list[Path]:
@@ -83,7 +84,7 @@ def materialise_prompts(run_dir: Path, config: RunConfig) -> list[Path]:
         domain.train_items()
         domain.eval_items()
         found = sorted(data_dir.glob(pattern))
-    target = run_dir / "data" / "prompts"
+    target = RunDir(run_dir).data / "prompts"
     target.mkdir(parents=True, exist_ok=True)
     copied = []
     for src in found:
@@ -126,9 +127,8 @@ def mlflow_tags(record: dict[str, Any]) -> dict[str, str]:
 def mlflow_tagger(run_dirs: list[Path], default_uri: str) -> MlflowTagger:
     """The MLflow tagging process for these runs' stores (and the workspace's, where unnamed runs
     usually live), started now so it is ready when DVC is done."""
-    from distill.runner import read_summary
 
-    summaries = [read_summary(d) for d in run_dirs]
+    summaries = [RunDir(d).read_summary() for d in run_dirs]
     uris = [str(s["tracking_uri"]) for s in summaries if s.get("mlflow_run_id") and s.get("tracking_uri")]
     if (
         not uris
@@ -141,9 +141,8 @@ def mlflow_tagger(run_dirs: list[Path], default_uri: str) -> MlflowTagger:
 
 def _tag_mlflow(run_dir: Path, record: dict[str, Any], tagger: MlflowTagger | None) -> str:
     """Hashes and remote as tags on the run's MLflow run, the updated manifest as its artifact."""
-    from distill.runner import read_summary
 
-    summary = read_summary(run_dir)
+    summary = RunDir(run_dir).read_summary()
     run_id, uri = summary.get("mlflow_run_id"), summary.get("tracking_uri")
     if not run_id or not uri:
         return "no MLflow run recorded in summary.json"
@@ -154,9 +153,8 @@ def _tag_mlflow(run_dir: Path, record: dict[str, Any], tagger: MlflowTagger | No
 
 
 def _check_finished(run_dir: Path) -> None:
-    from distill.runner import live_status, read_summary
 
-    status = live_status(read_summary(run_dir))
+    status = live_status(RunDir(run_dir).read_summary())
     if status != "FINISHED":
         raise ArchiveError(
             f"run {run_dir.name} is {status}; only FINISHED runs are archived (its files may still change)"
@@ -215,12 +213,11 @@ def push_run(
 
 def unarchived_runs(settings: Settings, remote_url: str) -> list[Path]:
     """FINISHED runs with no completed push to `remote_url`."""
-    from distill.runner import live_status, read_summary
 
-    runs = sorted(p for p in settings.runs_dir.glob("*") if (p / "config.yaml").exists())
+    runs = [run.path for run in RunDir.all(settings)]
     out = []
     for run_dir in runs:
-        if live_status(read_summary(run_dir)) != "FINISHED" or not (run_dir / MANIFEST).exists():
+        if live_status(RunDir(run_dir).read_summary()) != "FINISHED" or not (run_dir / MANIFEST).exists():
             continue
         record = read_record(run_dir)
         if record is None or record.get("remote_url") != remote_url:
@@ -323,7 +320,6 @@ def pull_run(archive: ArchiveRepo, run_dir: Path, jobs: int | None = None) -> li
 
 def archived_runs(settings: Settings) -> list[dict[str, Any]]:
     """One row per run with a completed push: sizes, file counts, remote, local presence."""
-    from distill.runner import live_status, read_summary
 
     rows = []
     for run_dir in sorted(settings.runs_dir.glob("*")) if settings.runs_dir.exists() else []:
@@ -334,7 +330,7 @@ def archived_runs(settings: Settings) -> list[dict[str, Any]]:
         rows.append(
             {
                 "run_id": run_dir.name,
-                "status": live_status(read_summary(run_dir)),
+                "status": live_status(RunDir(run_dir).read_summary()),
                 "size": sum(int(o.get("size") or 0) for o in outputs.values()),
                 "files": sum(int(o.get("nfiles") or 1) for o in outputs.values()),
                 "outputs": sorted(outputs),

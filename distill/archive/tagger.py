@@ -84,18 +84,16 @@ class MlflowTagger:
 
 
 def _serve(uris: list[str], answers: Any) -> None:
-    from mlflow.entities import RunTag
-    from mlflow.tracking import MlflowClient
+    from distill.tracking.mlflow import client_for, tag_run
 
-    clients = {uri: MlflowClient(tracking_uri=uri) for uri in uris}
+    clients = {uri: client_for(uri) for uri in uris}
     for client in clients.values():
         client.search_experiments(max_results=1)  # opens the store (schema check) before any job comes
     for line in sys.stdin:
         job = json.loads(line)
         try:
-            client = clients.get(job["uri"]) or MlflowClient(tracking_uri=job["uri"])
-            client.log_batch(job["run_id"], tags=[RunTag(k, v) for k, v in job["tags"].items()])
-            client.log_artifact(job["run_id"], job["artifact"])
+            client = clients.get(job["uri"]) or client_for(job["uri"])
+            tag_run(client, job["run_id"], job["tags"], Path(job["artifact"]))
             answers.write(json.dumps({"ok": True}) + "\n")
         except Exception as exc:  # reported to the parent, which fails the push with it
             answers.write(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}) + "\n")

@@ -12,6 +12,7 @@ import typer
 from distill import __version__
 from distill.cli.archive import archive_app, reproduce
 from distill.cli.bridge import bridge_app
+from distill.cli.common import fail
 from distill.cli.serve import serve_app
 
 app = typer.Typer(
@@ -21,12 +22,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-
-def fail(message: str, code: int = 2) -> typer.Exit:
-    """One clear line on stderr and a non-zero exit."""
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
 
 
 def _version(value: bool) -> None:
@@ -91,6 +86,10 @@ def run(
         raise fail("--resume takes the run's saved config; drop the other options")
     try:
         cfg = resolve_config(domain, method, config, overrides) if resume is None else None
+        if cfg is not None:
+            from distill.engines.compat import check_config
+
+            check_config(cfg)
     except ConfigError as exc:
         raise fail(str(exc)) from None
     if launcher is not None or accelerate_config is not None or num_processes is not None:
@@ -117,7 +116,7 @@ def run(
         return
 
     try:
-        summary = execute(cfg, settings, argv=sys.argv, resume=resume, say=typer.echo)  # type: ignore[arg-type]
+        summary = execute(cfg, settings, argv=sys.argv, resume=resume, say=typer.echo)
     except ConfigError as exc:
         raise fail(str(exc)) from None
     except KeyboardInterrupt:
@@ -165,24 +164,26 @@ def eval_cmd(
         typer.Option(help="MLflow experiment; default the checkpoint's training run's, else 'distill'"),
     ] = None,
 ) -> None:
-    from distill.cli.evaluate import run_eval
+    from distill.cli.evaluate import eval_command
+    from distill.evals.standalone import EvalRequest
 
+    request = EvalRequest(
+        model=model,
+        domain=domain,
+        items=items,
+        n=n,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        thinking=thinking,
+        benchmark=benchmark,
+        data=data,
+        protocol=protocol,
+        workers=workers,
+        experiment=experiment,
+    )
     try:
-        run_eval(
-            model,
-            domain,
-            n,
-            items,
-            temperature,
-            max_new_tokens,
-            benchmark,
-            data,
-            protocol,
-            top_p,
-            thinking,
-            workers=workers,
-            experiment=experiment,
-        )
+        eval_command(request)
     except (ValueError, OSError) as exc:
         raise fail(str(exc)) from None
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from distill.cli.common import console, fail
+from distill.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
     from distill.archive.reproduce import Reproduction
@@ -21,23 +24,13 @@ archive_app = typer.Typer(
 JobsOption = Annotated[int | None, typer.Option("--jobs", "-j", help="parallel transfers (DVC's default)")]
 
 
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
-
-
-def _console() -> Any:
-    from rich.console import Console
-
-    return Console(width=None if sys.stdout.isatty() else 200)
-
-
 def _size(n: int) -> str:
+    size = float(n)
     for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000  # type: ignore[assignment]
-    return f"{n} B"
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size} B"
 
 
 def _errors() -> tuple[type[BaseException], ...]:
@@ -55,12 +48,11 @@ def push(
 ) -> None:
     from distill.archive.dvcrepo import open_archive
     from distill.archive.store import mlflow_tagger, push_run, unarchived_runs
-    from distill.runner import find_run_dir
     from distill.settings import get_settings
 
     settings = get_settings()
     try:
-        named = [find_run_dir(settings, r) for r in runs or []]  # a typo fails before DVC is touched
+        named = [RunDir.find(settings, r).path for r in runs or []]  # a typo fails before DVC is touched
         # Started before DVC opens its repo: MLflow's start-up then runs beside all of DVC's work.
         tagger = mlflow_tagger(named, settings.resolved_tracking_uri)
         archive = open_archive(settings)
@@ -82,7 +74,7 @@ def push(
             tagger.close()
             archive.close()
     except _errors() as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
 
 
 def _print_checks(run_id: str, checks: list[Check]) -> bool:
@@ -114,13 +106,12 @@ def pull(
 ) -> None:
     from distill.archive.dvcrepo import open_archive
     from distill.archive.store import pull_run, read_record
-    from distill.runner import find_run_dir
     from distill.settings import get_settings
 
     settings = get_settings()
     try:
         try:
-            run_dir = find_run_dir(settings, run)
+            run_dir = RunDir.find(settings, run).path
             restored = False
         except ValueError as exc:
             if "ambiguous" in str(exc):
@@ -147,7 +138,7 @@ def pull(
 
             finish_restore(run_dir)
     except _errors() as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     if not _print_checks(run_dir.name, checks):
         raise typer.Exit(1)
 
@@ -156,13 +147,12 @@ def pull(
 def verify(runs: Annotated[list[str], typer.Argument(help="run ids, unique prefixes or run dirs")]) -> None:
     from distill.archive.dvcrepo import open_archive
     from distill.archive.store import verify_run
-    from distill.runner import find_run_dir
     from distill.settings import get_settings
 
     settings = get_settings()
     ok = True
     try:
-        dirs = [find_run_dir(settings, r) for r in runs]
+        dirs = [RunDir.find(settings, r).path for r in runs]
         archive = open_archive(settings)
         try:
             for run_dir in dirs:
@@ -170,7 +160,7 @@ def verify(runs: Annotated[list[str], typer.Argument(help="run ids, unique prefi
         finally:
             archive.close()
     except _errors() as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     if not ok:
         raise typer.Exit(1)
 
@@ -202,7 +192,7 @@ def ls(as_json: Annotated[bool, typer.Option("--json", help="one JSON list")] = 
             row["remote"],
             row["pushed_at"],
         )
-    _console().print(table)
+    console().print(table)
 
 
 def _print_reproduction(result: Reproduction) -> None:
@@ -217,12 +207,12 @@ def _print_reproduction(result: Reproduction) -> None:
         table.add_row(
             c.section, c.metric, f"{c.original:.6g}", f"{c.reproduced:.6g}", "yes" if c.match else "NO"
         )
-    console = _console()
-    console.print(table)
+    out = console()
+    out.print(table)
     for note in result.notes:
-        console.print(f"  note: {note}")
+        out.print(f"  note: {note}")
     verdict = "reproduced exactly" if result.match else "did NOT reproduce"
-    console.print(f"{result.run_id}: {verdict}")
+    out.print(f"{result.run_id}: {verdict}")
 
 
 def reproduce(
@@ -233,22 +223,23 @@ def reproduce(
 ) -> None:
     """Re-run a run from its manifest (same config, same seed) and report whether the eval numbers
     match exactly. Exit 0 on a match, 1 on a mismatch, 2 when the run cannot be reproduced."""
-    from distill.archive.reproduce import reproduce_eval, reproduce_run
+    from distill.archive.reproduce import prepare_rerun, reproduce_eval
     from distill.config import ConfigError
-    from distill.runner import find_run_dir
+    from distill.runner import execute
     from distill.settings import get_settings
 
     settings = get_settings()
     try:
-        run_dir = find_run_dir(settings, run)
+        run_dir = RunDir.find(settings, run).path
         if eval_only:
             result = reproduce_eval(run_dir, say=typer.echo)
         else:
-            result = reproduce_run(run_dir, settings, argv=sys.argv, say=typer.echo)
+            rerun = prepare_rerun(run_dir)
+            result = rerun.compare(execute(rerun.config, settings, argv=sys.argv, say=typer.echo))
     except (ConfigError, ValueError, OSError) as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     except Exception as exc:
-        raise _fail(f"reproduction run failed: {type(exc).__name__}: {exc}", 1) from None
+        raise fail(f"reproduction run failed: {type(exc).__name__}: {exc}", 1) from None
     _print_reproduction(result)
     if not result.match:
         raise typer.Exit(1)

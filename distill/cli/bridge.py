@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -47,11 +46,11 @@ def domain_texts(domain: str, items: int) -> list[str]:
 
 
 def print_report(report: SeamReport, student: str, teacher: str) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    # Off a terminal rich assumes 80 columns; the table is read in logs and CI too.
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    from distill.cli.common import console as make_console
+
+    console = make_console()
     same = "  (same tokenizer: training bypasses the bridge)" if report.same else ""
     console.print(f"[bold]bridge check[/bold]  student {student}  teacher {teacher}{same}")
     table = Table()
@@ -94,7 +93,7 @@ def check(
     items: Annotated[int, typer.Option(help="eval items whose prompt and solution are checked")] = 50,
     cuts: Annotated[int, typer.Option(help="cut points per text (0: every token boundary)")] = 16,
 ) -> None:
-    from distill.cli.app import fail
+    from distill.cli.common import fail
     from distill.config import ConfigError
     from distill.tokenizer_bridge.seam import check_pair, hard_texts
 

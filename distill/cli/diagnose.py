@@ -6,23 +6,17 @@ Every run reference is resolved before any work starts, so a typo fails in a sec
 
 from __future__ import annotations
 
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
+from distill.cli.common import console
 
 if TYPE_CHECKING:
     from distill.diagnose.records import RunRecord
 
 FORMATS = ("text", "json", "markdown")
 COMPARE_FORMATS = ("table", "markdown", "csv", "json")
-
-
-def _console() -> Console:
-    # Off a terminal rich assumes 80 columns and folds lines; reports are read in logs and CI too.
-    return Console(width=None if sys.stdout.isatty() else 200)
 
 
 def _load_all(refs: list[str]) -> list[RunRecord]:
@@ -46,9 +40,9 @@ def diagnose_command(refs: list[str], fmt: str, plots: bool, mlflow: bool) -> in
     reports = [build_report(rec, plots=plots) for rec in _load_all(refs)]
     # Findings first: MLflow costs seconds to import, the reader should not wait for it.
     if fmt == "text":
-        console = _console()
+        out = console()
         for report in reports:
-            print_report(report, console)
+            print_report(report, out)
     elif fmt == "markdown":
         print("\n".join(to_markdown(r) for r in reports), end="")
     if mlflow:
@@ -56,7 +50,7 @@ def diagnose_command(refs: list[str], fmt: str, plots: bool, mlflow: bool) -> in
             if report.record.summary.get("mlflow_run_id"):
                 report.mlflow = log_to_mlflow(report)
                 if fmt == "text":
-                    _console().print(f"  mlflow  {report.record.name}: {report.mlflow}")
+                    console().print(f"  mlflow  {report.record.name}: {report.mlflow}")
     if fmt == "json":
         print(to_json(reports))
     return max(r.exit_code for r in reports)
@@ -85,10 +79,10 @@ def compare_command(refs: list[str], baseline: str | None, fmt: str, plot: Path 
     table = build_table(records, base_id)
     path = None if no_plot else plot_curves(table, plot or default_plot_path())
     if fmt == "table":
-        console = _console()
-        print_table(table, console)
+        out = console()
+        print_table(table, out)
         if path is not None:
-            console.print(f"plot  {path}")
+            out.print(f"plot  {path}")
     elif fmt == "markdown":
         print(to_markdown(table), end="")
     elif fmt == "csv":

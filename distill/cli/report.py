@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
-from distill.runner import live_status
+from distill.cli.common import console as _console
 from distill.settings import Settings, get_settings
+from distill.tracking.rundir import RunDir, live_status
 
-# Off a terminal rich assumes 80 columns and folds run ids; tables are read in logs and CI too.
-console = Console(width=None if sys.stdout.isatty() else 200)
+console = _console()
 
 
 def _pct(metrics: dict[str, float] | None, key: str = "accuracy") -> str:
@@ -55,13 +53,10 @@ def print_run_summary(summary: dict[str, Any], settings: Settings) -> None:
 
 
 def load_summaries(settings: Settings) -> list[dict[str, Any]]:
-    if not settings.runs_dir.exists():
-        return []
     out = []
-    for run_dir in sorted(settings.runs_dir.iterdir()):
-        path = run_dir / "summary.json"
-        if path.exists():
-            summary = json.loads(path.read_text())
+    for run in RunDir.all(settings):
+        if run.summary.exists():
+            summary = run.read_summary()
             summary["status"] = live_status(summary)
             out.append(summary)
     return out

@@ -34,7 +34,7 @@ def teacher(
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the command and exit")] = False,
 ) -> None:
-    from distill.cli.app import fail
+    from distill.cli.common import fail
     from distill.config import domain_config
     from distill.engines.vllm_server import (
         DTYPES,

@@ -198,6 +198,89 @@ def weights_dtype(rec: RunRecord) -> str:
     return TORCH_NAMES.get(str(stored), "fp32")
 
 
+def _measured_verdict(
+    rec: RunRecord, dtype: str, half: float, move: WeightMove | None, evidence: list[Evidence]
+) -> tuple[Severity, str] | None:
+    """From a logged update ratio or a checkpoint comparison: (severity, title), or None when
+    the updates are resolved (no finding). Without either, (INFO, "") defers to the estimate."""
+    low = dtype != "fp32"
+    measured = rec.get("train/update_ratio")
+    if measured is not None:
+        ratio = measured.median()
+        evidence.append(Evidence("train/update_ratio", ratio, measured.span(), "median |dw|/|w| per step"))
+        if ratio >= half:
+            return None
+        severity = Severity.ERROR if low else Severity.WARNING
+        return (
+            severity,
+            f"per-step updates ({fmt(ratio)} of a weight) are below {dtype} resolution ({fmt(half)})",
+        )
+    if move is None:
+        return Severity.INFO, ""
+    frac = move.changed_fraction
+    evidence.append(
+        Evidence(
+            f"{move.end} vs {move.start}",
+            f"{move.changed}/{move.elements} sampled weights changed",
+            note=f"{pct(frac)} after {move.steps} steps, compared in {move.dtype}",
+        )
+    )
+    evidence.append(Evidence("|dw|/|w|", move.rel_update, note=f"~{fmt(move.per_step)} per step"))
+    if frac >= PARTLY_STUCK_FRACTION or (not low and frac >= STUCK_FRACTION):
+        return None
+    if frac >= STUCK_FRACTION:
+        return (
+            Severity.WARNING,
+            f"most updates round away in {dtype}: {pct(1 - frac)} of weights never changed",
+        )
+    if low:
+        return (
+            Severity.ERROR,
+            f"updates round to zero in {dtype}: {pct(1 - frac)} of weights bit-identical to the start",
+        )
+    return Severity.WARNING, f"weights barely moved: {pct(1 - frac)} unchanged after {move.steps} steps"
+
+
+def _estimates(
+    rec: RunRecord, lr: float, scale: float, measured_move: bool, evidence: list[Evidence]
+) -> float:
+    """The estimates, always shown: they explain the measurement (or stand in for it)."""
+    adam_rel = lr / scale
+    evidence.append(
+        Evidence(
+            "estimate lr/|w|",
+            adam_rel,
+            note=f"Adam moves a weight ~lr per step; |w| ~ {fmt(scale)}"
+            + ("" if measured_move else " (assumed)"),
+        )
+    )
+    signal = rec.get("kl/advantage_mean") or rec.get("train/grad_norm")
+    if signal is not None:
+        est = lr * abs(signal.median())
+        evidence.append(
+            Evidence(
+                f"estimate lr x |{signal.key}|",
+                est,
+                signal.span(),
+                "the reference's estimate: 1e-6 x 1e-2 = 1e-8 in bf16",
+            )
+        )
+    return adam_rel
+
+
+def _fixes(dtype: str, half: float, scale: float, lr: float) -> list[Fix]:
+    if dtype != "fp32":
+        return [
+            Fix("student.precision", "fp32", "fp32 weights resolve updates down to 3e-8 of a weight"),
+            Fix(
+                "optim.lr",
+                fmt(half * scale),
+                f"the smallest lr at which a typical weight moves at all in {dtype}; usually too large: prefer fp32",
+            ),
+        ]
+    return [Fix("optim.lr", fmt(10 * lr), "the weights are not moving: the step size is too small")]
+
+
 def precision(rec: RunRecord) -> list[Finding]:
     dtype = weights_dtype(rec)
     half = half_spacing(dtype)
@@ -212,84 +295,20 @@ def precision(rec: RunRecord) -> list[Finding]:
         Evidence("student.precision", dtype, note=f"updates below {fmt(half)} of a weight round away"),
         Evidence("optim.lr", lr),
     ]
-    if measured is not None:
-        ratio = measured.median()
-        evidence.append(Evidence("train/update_ratio", ratio, measured.span(), "median |dw|/|w| per step"))
-        if ratio >= half:
-            return []
-        severity = Severity.ERROR if low else Severity.WARNING
-        title = f"per-step updates ({fmt(ratio)} of a weight) are below {dtype} resolution ({fmt(half)})"
-    elif move is not None:
-        frac = move.changed_fraction
-        evidence.append(
-            Evidence(
-                f"{move.end} vs {move.start}",
-                f"{move.changed}/{move.elements} sampled weights changed",
-                note=f"{pct(frac)} after {move.steps} steps, compared in {move.dtype}",
-            )
-        )
-        evidence.append(Evidence("|dw|/|w|", move.rel_update, note=f"~{fmt(move.per_step)} per step"))
-        if frac >= PARTLY_STUCK_FRACTION or (not low and frac >= STUCK_FRACTION):
-            return []
-        if frac >= STUCK_FRACTION:
-            severity = Severity.WARNING
-            title = f"most updates round away in {dtype}: {pct(1 - frac)} of weights never changed"
-        elif low:
-            severity = Severity.ERROR
-            title = f"updates round to zero in {dtype}: {pct(1 - frac)} of weights bit-identical to the start"
-        else:
-            severity = Severity.WARNING
-            title = f"weights barely moved: {pct(1 - frac)} unchanged after {move.steps} steps"
-    else:
-        severity = Severity.INFO
-        title = ""
-    # The estimates, always shown: they explain the measurement (or stand in for it).
-    adam_rel = lr / scale
-    evidence.append(
-        Evidence(
-            "estimate lr/|w|",
-            adam_rel,
-            note=f"Adam moves a weight ~lr per step; |w| ~ {fmt(scale)}" + ("" if move else " (assumed)"),
-        )
-    )
-    signal = rec.get("kl/advantage_mean") or rec.get("train/grad_norm")
-    if signal is not None:
-        est = lr * abs(signal.median())
-        evidence.append(
-            Evidence(
-                f"estimate lr x |{signal.key}|",
-                est,
-                signal.span(),
-                "the reference's estimate: 1e-6 x 1e-2 = 1e-8 in bf16",
-            )
-        )
+    verdict = _measured_verdict(rec, dtype, half, move, evidence)
+    if verdict is None:
+        return []
+    severity, title = verdict
+    adam_rel = _estimates(rec, lr, scale, move is not None, evidence)
     if measured is None and move is None:
         if not low or adam_rel >= 10 * half:
             return []
         if adam_rel < half:
-            severity, title = (
-                Severity.ERROR,
-                f"updates round to zero in {dtype}: ~{fmt(adam_rel)} per step vs resolution {fmt(half)}",
-            )
+            severity = Severity.ERROR
+            title = f"updates round to zero in {dtype}: ~{fmt(adam_rel)} per step vs resolution {fmt(half)}"
         else:
-            severity, title = (
-                Severity.WARNING,
-                f"updates near {dtype} resolution: ~{fmt(adam_rel)} per step vs {fmt(half)}",
-            )
-    fixes = []
-    if low:
-        fixes.append(
-            Fix("student.precision", "fp32", "fp32 weights resolve updates down to 3e-8 of a weight")
-        )
-        fixes.append(
-            Fix(
-                "optim.lr",
-                fmt(half * scale),
-                f"the smallest lr at which a typical weight moves at all in {dtype}; usually too large: prefer fp32",
-            )
-        )
-    else:
-        fixes.append(Fix("optim.lr", fmt(10 * lr), "the weights are not moving: the step size is too small"))
+            severity = Severity.WARNING
+            title = f"updates near {dtype} resolution: ~{fmt(adam_rel)} per step vs {fmt(half)}"
     return [
         Finding(
             name="precision",
@@ -300,6 +319,6 @@ def precision(rec: RunRecord) -> list[Finding]:
             "rounds back to the old value, so training runs, losses are logged and nothing is learned. "
             "Reference: OPD bf16 and fp32 runs differed only in dtype (lr 1e-6, advantage ~1e-2); "
             "fp32 reached avg@8 0.069, bf16 0.046.",
-            fixes=fixes,
+            fixes=_fixes(dtype, half, scale, lr),
         )
     ]

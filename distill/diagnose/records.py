@@ -274,11 +274,11 @@ def _read_json(path: Path, problems: list[str]) -> dict[str, Any]:
 
 
 def resolve_run(ref: str | Path, settings: Settings | None = None) -> Path:
-    from distill.runner import find_run_dir
     from distill.settings import get_settings
+    from distill.tracking.rundir import RunDir
 
     try:
-        return find_run_dir(settings or get_settings(), str(ref))
+        return RunDir.find(settings or get_settings(), str(ref)).path
     except ValueError as exc:
         raise RunNotReadable(str(exc)) from None
 

@@ -184,8 +184,8 @@ def build_report(rec: RunRecord, plots: bool = True) -> Report:
 def log_to_mlflow(report: Report) -> str:
     """The diagnose folder as artifacts `diagnose/` of the run's MLflow run.
 
-    MlflowClient.log_artifacts on the existing run id: re-opening the run through the tracker would
-    set it RUNNING and then change how it ended.
+    Logged on the existing run id (`tracking.mlflow.log_artifacts_to`): re-opening the run through
+    the tracker would set it RUNNING and then change how it ended.
     """
     summary = report.record.summary
     run_id, uri = summary.get("mlflow_run_id"), summary.get("tracking_uri")
@@ -198,9 +198,9 @@ def log_to_mlflow(report: Report) -> str:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
     try:
-        from mlflow.tracking import MlflowClient
+        from distill.tracking.mlflow import log_artifacts_to
 
-        MlflowClient(tracking_uri=uri).log_artifacts(run_id, str(folder), "diagnose")
+        log_artifacts_to(uri, run_id, folder, "diagnose")
     except Exception as exc:  # the diagnosis stands without MLflow; say why it is not there
         return f"not logged: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return f"run {run_id}: artifacts diagnose/ ({uri})"

@@ -325,7 +325,7 @@ _STATUS_PHRASE = {
 
 
 def run_status(rec: RunRecord) -> list[Finding]:
-    from distill.runner import live_status
+    from distill.tracking.rundir import live_status
 
     status = live_status(rec.summary)
     out: list[Finding] = []

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from distill.config import DomainConfig
+    from distill.config import DomainBase
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,10 @@ class Score:
 
 
 class Domain(ABC):
+    """A single-turn domain implements these; an episodic one (registry.py `episodic=True`) also
+    implements `distill.episodes.protocol.EpisodicDomain`."""
+
     name: str
-    # Multi-turn domains (sciworld) are evaluated and trained on episodes, not single responses.
-    multi_turn: bool = False
 
     @abstractmethod
     def train_items(self) -> list[Item]: ...
@@ -66,6 +67,13 @@ class Domain(ABC):
             return item.solution
         return f"The final answer is \\boxed{{{item.answer}}}."
 
+    def benchmark_items(
+        self, name: str, data: str | None, count: int, seed: int = 0
+    ) -> tuple[list[Item], str]:
+        """The items of benchmark `name` (registry.py) from `data` (a file or folder) or its
+        default source, and a sentence saying where they came from."""
+        raise ValueError(f"the {self.name} domain has no benchmark {name!r}")
+
     def close(self) -> None:
         """Release what the domain holds (worker processes, simulators); the runner always calls it."""
         return None  # most domains hold nothing
@@ -80,7 +88,7 @@ class Domain(ABC):
         return texts
 
 
-def cached_items(config: DomainConfig, split: str, make: Callable[[], list[Item]]) -> list[Item]:
+def cached_items(config: DomainBase, split: str, make: Callable[[], list[Item]]) -> list[Item]:
     """Materialised items under `<workspace>/data/`, keyed by the domain config.
 
     Generation can take seconds (rlve-gym) to minutes (real data sets); every process of a run,

@@ -7,9 +7,10 @@ tokens, writing teacher trajectories). Lengths are checked, never silently cut.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from distill.engines.base import ChatPrompts, Completion, KVCache
 
 if TYPE_CHECKING:
     import torch
@@ -18,81 +19,17 @@ if TYPE_CHECKING:
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-@dataclass(frozen=True)
-class Completion:
-    ids: list[int]  # generated ids, including the EOS token when the model emitted one
-    text: str  # decoded without special tokens
-    truncated: bool  # ended at the token budget without EOS
-
-
-def render_chat(
-    tokenizer: PreTrainedTokenizerBase,
-    prompt: str,
-    system: str | None = None,
-    enable_thinking: bool | None = None,
-) -> str:
-    """A one-turn chat prompt rendered with the tokenizer's template, ending with the assistant header."""
-    messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": prompt}
-    ]
-    kwargs: dict[str, Any] = {}
-    if enable_thinking is not None:
-        kwargs["enable_thinking"] = enable_thinking
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
-    if not isinstance(text, str):
-        raise TypeError(f"chat template of {tokenizer.name_or_path!r} did not render to text")
-    return text
-
-
-def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """Token ids of `text` as it stands: chat templates carry their own special tokens."""
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-class ChatPrompts:
-    """Prompt rendering every engine shares, so a prompt is the same token ids whoever scores it."""
-
-    tokenizer: PreTrainedTokenizerBase
-    enable_thinking: bool | None
-    # Rendering a chat template costs ~1 ms; prompts repeat every step and every eval.
-    _prompt_cache: dict[tuple[str, str | None], list[int]]
-
-    def completion(self, row: list[int], eos: set[int]) -> Completion:
-        """Generated ids cut after the first EOS (kept in ids, not in text)."""
-        cut = next((i for i, tok in enumerate(row) if tok in eos), None)
-        kept = row if cut is None else row[: cut + 1]
-        text = str(self.tokenizer.decode(kept, skip_special_tokens=True))
-        return Completion(ids=kept, text=text, truncated=cut is None)
-
-    def render(self, prompt: str, system: str | None = None) -> str:
-        """The chat-templated prompt text, ending with the assistant header."""
-        return render_chat(self.tokenizer, prompt, system, self.enable_thinking)
-
-    def encode(self, text: str) -> list[int]:
-        return encode_text(self.tokenizer, text)
-
-    def prompt_ids(self, prompt: str, system: str | None = None) -> list[int]:
-        key = (prompt, system)
-        if key not in self._prompt_cache:
-            self._prompt_cache[key] = self.encode(self.render(prompt, system))
-        return list(self._prompt_cache[key])
-
-
 def _sampling(temperature: float, top_p: float) -> dict[str, Any]:
     if temperature > 0:
         return {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
     return {"do_sample": False}
 
 
-@dataclass
-class KVCache:
-    """A model's key/value cache and the token ids it holds."""
-
-    past: Any
-    ids: list[int]
-
-
 class HFEngine(ChatPrompts):
+    """A transformers model in this process (the `Engine` protocol)."""
+
+    supports_cache = True
+
     def __init__(
         self,
         model: PreTrainedModel,
@@ -127,6 +64,17 @@ class HFEngine(ChatPrompts):
                 model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         model.eval()
         return cls(model, tokenizer, enable_thinking)
+
+    def describe(self) -> dict[str, Any]:
+        model = self.model
+        return {
+            "engine": "hf",
+            "path": str(model.name_or_path),
+            "class": type(model).__name__,
+            "params": sum(p.numel() for p in model.parameters()),
+            "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+            "vocab": len(self.tokenizer),
+        }
 
     @property
     def eos_ids(self) -> set[int]:
@@ -177,7 +125,7 @@ class HFEngine(ChatPrompts):
             chunk = prompt_ids[start : start + batch_size]
             ids, mask = self.left_pad(chunk)
             with torch.inference_mode():
-                generated = self.model.generate(  # type: ignore[operator]
+                generated = self.model.generate(  # type: ignore[operator]  # transformers types generate() as a Tensor | Module attribute
                     input_ids=ids.to(self.model.device),
                     attention_mask=mask.to(self.model.device),
                     max_new_tokens=max_new_tokens,
@@ -214,7 +162,7 @@ class HFEngine(ChatPrompts):
         eos = self.eos_ids
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.model.device)
         with torch.inference_mode():
-            out = self.model.generate(  # type: ignore[operator]
+            out = self.model.generate(  # type: ignore[operator]  # transformers types generate() as a Tensor | Module attribute
                 input_ids=input_ids,
                 attention_mask=torch.ones_like(input_ids),
                 cache=past,
@@ -282,7 +230,7 @@ class HFEngine(ChatPrompts):
         """
         import torch
 
-        from distill.methods.scoring import completion_states
+        from distill.engines.states import completion_states
 
         if len(prompt_ids) != len(completion_ids):
             raise ValueError(f"score_topk: {len(prompt_ids)} prompts but {len(completion_ids)} completions")

@@ -28,13 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distill.config import ServerClientConfig
-from distill.engines.hf import ChatPrompts, Completion
+from distill.engines.base import ChatPrompts, Completion, KVCache
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
 
-    from distill.config import RunConfig
 
 # vLLM ignores the API key unless started with --api-key; the header keeps other servers happy.
 HEADERS = {"Content-Type": "application/json", "Authorization": "Bearer EMPTY"}
@@ -44,25 +43,11 @@ class ServerError(RuntimeError):
     """The teacher server failed a request (down, timed out, refused, or answered inconsistently)."""
 
 
-def unsupported_reason(config: RunConfig) -> str | None:
-    """Why this run cannot use a teacher behind a server (it needs the teacher's weights in-process)."""
-    method = config.method
-    if config.domain.name == "sciworld":
-        return "sciworld's episode methods score and continue turns with the teacher's weights in-process (use teacher.engine=hf)"
-    if method.name == "opsd":
-        return "opsd's teacher is the student's own weights; it cannot be served (use teacher.engine=hf)"
-    if getattr(method, "loss", None) == "jsd":
-        return (
-            "method.loss=jsd needs the teacher's hidden states and full vocabulary head in-process; "
-            "use forward_kl_topk (served top-k logprobs) or teacher.engine=hf"
-        )
-    return None
-
-
 class ServerEngine(ChatPrompts):
-    """A teacher behind `url`: the hf engine's teacher interface, over HTTP."""
+    """A teacher behind `url`: the `Engine` protocol over HTTP."""
 
-    engine = "server"
+    # vLLM keeps its own prefix cache on the server: each turn is one request from token ids.
+    supports_cache = False
 
     def __init__(
         self,
@@ -117,14 +102,6 @@ class ServerEngine(ChatPrompts):
         return engine
 
     # --- the rest of the hf engine's teacher interface (prompts come from ChatPrompts) ---
-
-    @property
-    def model(self) -> Any:
-        # AttributeError keeps hasattr()/getattr(..., None) probes working; direct use gets the reason.
-        raise AttributeError(
-            f"teacher.engine=server ({self.url}): the teacher's weights are not in this process; "
-            "this code path needs teacher.engine=hf"
-        )
 
     @property
     def eos_ids(self) -> set[int]:
@@ -240,6 +217,18 @@ class ServerEngine(ChatPrompts):
 
         generated = self._batched(prompt_ids, params, parse, "generate", batch_size, progress)
         return [self.completion(row, eos) for row in generated]
+
+    def continue_generate(
+        self,
+        ids: Sequence[int],
+        cache: KVCache | None,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+    ) -> tuple[Completion, KVCache]:
+        """One completion of `ids` (the server's prefix cache does what a local KV cache would)."""
+        (completion,) = self.generate([list(ids)], max_new_tokens, temperature, top_p)
+        return completion, KVCache(None, list(ids))
 
     # --- transport ---
 

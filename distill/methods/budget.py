@@ -8,6 +8,10 @@ make that visible at every step.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from distill.episodes.episode import Episode
 
 
 def teacher_budget(tokens: Sequence[int], truncated: Sequence[bool], budget: int) -> dict[str, float]:
@@ -41,3 +45,11 @@ def supervised_share(supervised: Sequence[int], full_lengths: Sequence[int]) -> 
     """Supervised tokens / the length of the student's full responses on the same prompts."""
     total = sum(full_lengths)
     return sum(supervised) / total if total else 0.0
+
+
+def teacher_turns(episodes: Sequence[Episode], budget: int, writer: str = "teacher") -> dict[str, float]:
+    """The teacher budget figures over the turns `writer` wrote (episodes: one budget per turn)."""
+    from distill.episodes.data import writer_turns
+
+    tokens, truncated = writer_turns(episodes, writer)
+    return teacher_budget(tokens, truncated, budget)

@@ -1,81 +1,58 @@
-"""What a method gets from the runner, and the per-step record it writes back."""
+"""What a method gets from the runner: the config, the run folder, the domain, the engines."""
 
 from __future__ import annotations
 
-import json
-import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from distill.config import RunConfig
-    from distill.domains.base import Domain
+    from distill.domains.base import Domain, Item
+    from distill.engines.base import Engine
     from distill.engines.hf import HFEngine
-    from distill.evals.runner import EvalResult
-    from distill.tracking.base import Tracker
+    from distill.evals.single_turn import EvalResult
+    from distill.tracking.rundir import RunDir
+    from distill.tracking.steplog import StepRecord
 
 
-class StepLog:
-    """Per-step metrics to `metrics.jsonl` and the tracker; rollout samples to `samples/`."""
-
-    def __init__(self, run_dir: Path, tracker: Tracker) -> None:
-        self.run_dir = run_dir
-        self.tracker = tracker
-        self.path = run_dir / "metrics.jsonl"
-        # Figures a method computes during a step, merged into the trainer's log line.
-        self.pending: dict[str, float] = {}
-
-    def add(self, metrics: dict[str, float]) -> None:
-        self.pending.update(metrics)
-
-    def write(self, step: int, metrics: dict[str, float]) -> None:
-        clean = {k: float(v) for k, v in metrics.items() if v is not None and not isinstance(v, str)}
-        with self.path.open("a") as fh:
-            row = {"step": step, **{k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}}
-            fh.write(json.dumps(row) + "\n")
-        self.tracker.log_metrics(clean, step=step)
-
-    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
-        if not rows:
-            return
-        folder = self.run_dir / "samples"
-        folder.mkdir(exist_ok=True)
-        with (folder / f"step-{step}.jsonl").open("w") as fh:
-            for row in rows:
-                fh.write(json.dumps(row) + "\n")
+M = TypeVar("M")
 
 
 @dataclass
 class RunContext:
     config: RunConfig
-    run_dir: Path
+    run: RunDir
     domain: Domain
+    # The student trains in this process; the teacher may be served (`teacher.engine=server`).
     student: HFEngine
-    teacher: HFEngine
-    log: StepLog
+    teacher: Engine
+    log: StepRecord
     # A complete checkpoint folder to continue from (`distill run --resume`).
     resume_from: Path | None = None
-    # Called with (step, live student engine) every eval.every_steps; returns the eval result.
-    evaluate_student: Any = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    # Called with (step, live student model) every eval.every_steps; returns the eval result.
+    evaluate_student: Callable[[int, Any], EvalResult] | None = None
+    # The training items by position: a trainer's dataset holds their indices.
+    items: list[Item] = field(default_factory=list)
+
+    def method_as(self, kind: type[M]) -> M:
+        """The run's method config as the model a method's code expects (the registry sends a
+        method's runs to its own code, so a mismatch is a programming error)."""
+        method = self.config.method
+        if not isinstance(method, kind):
+            raise TypeError(f"{type(method).__name__} where {kind.__name__} was expected")
+        return method
 
     @property
     def checkpoints_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return self.run.checkpoints
 
+    def local_teacher(self) -> HFEngine:
+        """The teacher's in-process engine, for the paths that need its weights (compat.py refuses
+        a served teacher for them at config time)."""
+        from distill.engines.hf import HFEngine
 
-def last_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete `checkpoints/step-N` (renamed into place only once fully written)."""
-    folder = run_dir / "checkpoints"
-    if not folder.exists():
-        return None
-    steps = []
-    for child in folder.iterdir():
-        if child.is_dir() and child.name.startswith("step-") and child.name[5:].isdigit():
-            steps.append((int(child.name[5:]), child))
-    return max(steps)[1] if steps else None
-
-
-def eval_metric_names(benchmark: str, result: EvalResult) -> dict[str, float]:
-    return {f"eval/{benchmark}/{k}": v for k, v in result.metrics.items()}
+        if not isinstance(self.teacher, HFEngine):
+            raise ValueError(f"{self.config.method.name}: this path needs the teacher's weights in-process")
+        return self.teacher

@@ -95,8 +95,8 @@ def jsd_loss(
     loss, _entropy, _n = _chunked_divergence_loss(
         student_hidden_B_T_H,
         teacher_hidden_B_T_H.to(student_hidden_B_T_H.dtype),
-        student_head.weight,  # type: ignore[arg-type]
-        teacher_head.weight,  # type: ignore[arg-type]
+        student_head.weight,  # type: ignore[arg-type]  # nn.Module types parameters as Tensor | Module
+        teacher_head.weight,  # type: ignore[arg-type]  # nn.Module types parameters as Tensor | Module
         mask_B_T,
         beta,
         student_lm_head_bias=getattr(student_head, "bias", None),

@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from distill.config import OnPolicyKL
+from distill.engines.states import completion_states
 from distill.methods import losses
 from distill.methods.context import RunContext
-from distill.methods.scoring import check_lengths, completion_states, opd_advantages, unpad_rows
+from distill.methods.scoring import check_lengths, opd_advantages, unpad_rows
 
 if TYPE_CHECKING:
-    from distill.config import OnPolicyKL
     from distill.methods.preflight import PromptFor
 
 
@@ -73,6 +74,7 @@ def _student_states(model: Any, inputs: dict[str, Any]) -> torch.Tensor:
 
 
 def make_trainer_class() -> type:
+    """`OPDTrainer`, a GRPOTrainer subclass (built on first use: importing trl takes ~30 s)."""
     from trl import GRPOTrainer
 
     class OPDTrainer(GRPOTrainer):
@@ -83,130 +85,10 @@ def make_trainer_class() -> type:
         teacher_prompt: PromptFor
         preflight_done = False
 
-        @property
-        def kl_config(self) -> OnPolicyKL:
-            return self.distill_ctx.config.method  # type: ignore[return-value]
-
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-            ctx = self.distill_ctx
-            method = self.kl_config
             start = time.perf_counter()
             out = super()._generate_and_score_completions(inputs)
-            gen_time = time.perf_counter() - start
-
-            completion_mask_B_T = out["completion_mask"]
-            prompt_rows = unpad_rows(out["prompt_ids"], out["prompt_mask"])
-            completion_rows = unpad_rows(out["completion_ids"], completion_mask_B_T)
-
-            # Student and teacher logprobs come from the same scoring code (same padding, same
-            # numerics), so a student identical to its teacher gets exactly zero advantage.
-            student_rows = ctx.student.score(prompt_rows, completion_rows)
-
-            t0 = time.perf_counter()
-            items = [ctx.extras["items"][int(x["item_index"])] for x in inputs]
-            teacher_prompts = [self.teacher_prompt(ctx.teacher, item) for item in items]
-            teacher_rows = ctx.teacher.score(teacher_prompts, completion_rows)
-            check_lengths(completion_rows, student_rows, teacher_rows)
-
-            adv_B_T, stats = opd_advantages(
-                teacher_rows, student_rows, completion_mask_B_T.shape, method.coef, method.advantage_clip
-            )
-            device = completion_mask_B_T.device
-            if method.loss == "token_reward_direct":
-                out["advantages"] = adv_B_T.to(device) * completion_mask_B_T
-            else:
-                out["advantages"] = torch.zeros_like(completion_mask_B_T, dtype=torch.float32)
-                out["teacher_logps"] = _right_pad(teacher_rows, completion_mask_B_T.shape).to(device)
-                if method.loss == "forward_kl_topk":
-                    # Engine-level, so a served teacher (prompt top-k logprobs) works as the hf one.
-                    top_ids, top_logps = ctx.teacher.score_topk(
-                        teacher_prompts, completion_rows, method.top_k
-                    )
-                    width = completion_mask_B_T.shape[1]
-                    out["teacher_topk_ids"] = _pad_width(top_ids, width).to(device)
-                    out["teacher_topk_logps"] = _pad_width(top_logps, width).to(device)
-                elif method.loss == "jsd":
-                    tp_ids, tp_mask = ctx.teacher.left_pad(teacher_prompts)
-                    with torch.no_grad():
-                        out["teacher_hidden"] = completion_states(
-                            ctx.teacher.model,
-                            tp_ids.to(device),
-                            tp_mask.to(device),
-                            out["completion_ids"],
-                            completion_mask_B_T,
-                        )
-            teacher_time = time.perf_counter() - t0
-            if ctx.config.preflight and not self.preflight_done:
-                self._preflight_first_batch(out, items, prompt_rows, completion_rows)
-
-            texts = ctx.student.tokenizer.batch_decode(completion_rows, skip_special_tokens=True)
-            eos = set(ctx.student.eos_ids)
-            truncated = [not (row and row[-1] in eos) for row in completion_rows]
-            scores = ctx.domain.score_batch(items, texts)
-            lengths = [len(c) for c in completion_rows]
-            ctx.log.add(
-                {
-                    **stats,
-                    "perf/gen_time_s": gen_time,
-                    "perf/teacher_time_s": teacher_time,
-                    "student/completion_tokens_mean": sum(lengths) / len(lengths),
-                    "student/completion_tokens_max": float(max(lengths)),
-                    "student/truncation_rate": sum(truncated) / len(truncated),
-                    "student/reward_mean": sum(s.reward for s in scores) / len(scores),
-                    "student/accuracy": sum(s.correct for s in scores) / len(scores),
-                    "_tokens": float(sum(lengths) + sum(len(p) for p in prompt_rows)),
-                }
-            )
-            n = ctx.config.tracking.sample_rows
-            ctx.log.samples(
-                self.state.global_step + 1,
-                [
-                    {
-                        "prompt": items[i].prompt,
-                        "student": texts[i],
-                        "student_tokens": lengths[i],
-                        "truncated": truncated[i],
-                        "correct": scores[i].correct,
-                        "advantage_mean": float(adv_B_T[i, : lengths[i]].mean()) if lengths[i] else 0.0,
-                    }
-                    for i in range(min(n, len(items)))
-                ],
-            )
-            return out
-
-        def _preflight_first_batch(
-            self,
-            out: dict[str, Any],
-            items: list[Any],
-            prompt_rows: list[list[int]],
-            completion_rows: list[list[int]],
-        ) -> None:
-            """On the real first batch: masks, and the trainer's prompt ids equal the teacher path's."""
-            from distill.methods.preflight import (
-                SELF_SCORE_TOLERANCE,
-                PreflightError,
-                check_loss_mask,
-                self_score_gap,
-            )
-
-            student = self.distill_ctx.student
-            check_loss_mask(
-                out["prompt_ids"],
-                out["prompt_mask"],
-                out["completion_ids"],
-                out["completion_mask"],
-                out["advantages"],
-                prompt_rows,
-            )
-            gap = self_score_gap(
-                student, prompt_rows, [student.prompt_ids(it.prompt) for it in items], completion_rows
-            )
-            if gap > SELF_SCORE_TOLERANCE:
-                raise PreflightError(
-                    f"self-score on the first batch: the trainer's prompt ids and the teacher path's differ "
-                    f"(max logprob gap {gap:.3g} with the student as its own teacher)"
-                )
-            self.preflight_done = True
+            return score_rollouts(self, inputs, out, time.perf_counter() - start)
 
         def compute_loss(
             self,
@@ -215,38 +97,144 @@ def make_trainer_class() -> type:
             return_outputs: bool = False,
             num_items_in_batch: Any = None,
         ) -> Any:
-            if self.kl_config.loss == "token_reward_direct":
+            if self.distill_ctx.method_as(OnPolicyKL).loss == "token_reward_direct":
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            return self._divergence_loss(model, inputs)
-
-        def _divergence_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
-            method = self.kl_config
-            mask_B_T = inputs["completion_mask"]
-            hidden_B_T_H = _student_states(model, inputs)
-            head = self.accelerator.unwrap_model(model).get_output_embeddings()
-            if method.loss == "jsd":
-                teacher_head = self.distill_ctx.teacher.model.get_output_embeddings()
-                return losses.jsd_loss(
-                    hidden_B_T_H, inputs["teacher_hidden"], head, teacher_head, mask_B_T, method.beta
-                )
-            logprobs_B_T_V = torch.log_softmax(head(hidden_B_T_H).float(), dim=-1)
-            if method.loss == "forward_kl_topk":
-                per_token_B_T = losses.topk_forward_kl_per_token(
-                    logprobs_B_T_V, inputs["teacher_topk_ids"], inputs["teacher_topk_logps"], method.topk_tail
-                )
-                self.distill_ctx.log.add(
-                    {
-                        "kl/topk_overlap": losses.topk_overlap(
-                            logprobs_B_T_V.detach(), inputs["teacher_topk_ids"], mask_B_T
-                        )
-                    }
-                )
-            else:
-                logp_S_B_T = logprobs_B_T_V.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
-                per_token_B_T = losses.direct_kl_per_token(method.loss, logp_S_B_T, inputs["teacher_logps"])
-            return losses.masked_mean(per_token_B_T, mask_B_T)
+            return divergence_loss(self, model, inputs)
 
     return OPDTrainer
+
+
+def score_rollouts(
+    trainer: Any, inputs: list[dict[str, Any]], out: dict[str, Any], gen_time: float
+) -> dict[str, Any]:
+    """The teacher's view of this step's rollouts into the trainer's batch: advantages (or the
+    teacher's logprobs / top-k / hidden states for the divergence losses), metrics and samples."""
+    ctx: RunContext = trainer.distill_ctx
+    method = ctx.method_as(OnPolicyKL)
+    completion_mask_B_T = out["completion_mask"]
+    prompt_rows = unpad_rows(out["prompt_ids"], out["prompt_mask"])
+    completion_rows = unpad_rows(out["completion_ids"], completion_mask_B_T)
+    # Student and teacher logprobs come from the same scoring code (same padding, same
+    # numerics), so a student identical to its teacher gets exactly zero advantage.
+    student_rows = ctx.student.score(prompt_rows, completion_rows)
+    t0 = time.perf_counter()
+    items = [ctx.items[int(x["item_index"])] for x in inputs]
+    teacher_prompts = [trainer.teacher_prompt(ctx.teacher, item) for item in items]
+    teacher_rows = ctx.teacher.score(teacher_prompts, completion_rows)
+    check_lengths(completion_rows, student_rows, teacher_rows)
+    adv_B_T, stats = opd_advantages(
+        teacher_rows, student_rows, completion_mask_B_T.shape, method.coef, method.advantage_clip
+    )
+    device = completion_mask_B_T.device
+    if method.loss == "token_reward_direct":
+        out["advantages"] = adv_B_T.to(device) * completion_mask_B_T
+    else:
+        out["advantages"] = torch.zeros_like(completion_mask_B_T, dtype=torch.float32)
+        out["teacher_logps"] = _right_pad(teacher_rows, completion_mask_B_T.shape).to(device)
+        out.update(_teacher_targets(ctx, method, teacher_prompts, completion_rows, out))
+    teacher_time = time.perf_counter() - t0
+    if ctx.config.preflight and not trainer.preflight_done:
+        from distill.methods.preflight import check_first_batch
+
+        check_first_batch(ctx.student, out, items, prompt_rows, completion_rows)
+        trainer.preflight_done = True
+    _log_rollouts(ctx, trainer.state.global_step + 1, items, prompt_rows, completion_rows, adv_B_T)
+    ctx.log.add({**stats, "perf/gen_time_s": gen_time, "perf/teacher_time_s": teacher_time})
+    return out
+
+
+def _teacher_targets(
+    ctx: RunContext,
+    method: OnPolicyKL,
+    teacher_prompts: list[list[int]],
+    completion_rows: list[list[int]],
+    out: dict[str, Any],
+) -> dict[str, torch.Tensor]:
+    """What a divergence loss needs of the teacher beyond its sampled-token logprobs."""
+    mask_B_T = out["completion_mask"]
+    device, width = mask_B_T.device, mask_B_T.shape[1]
+    if method.loss == "forward_kl_topk":
+        # Engine-level, so a served teacher (prompt top-k logprobs) works as the hf one.
+        top_ids, top_logps = ctx.teacher.score_topk(teacher_prompts, completion_rows, method.top_k)
+        return {
+            "teacher_topk_ids": _pad_width(top_ids, width).to(device),
+            "teacher_topk_logps": _pad_width(top_logps, width).to(device),
+        }
+    if method.loss == "jsd":
+        teacher = ctx.local_teacher()
+        tp_ids, tp_mask = teacher.left_pad(teacher_prompts)
+        with torch.no_grad():
+            hidden = completion_states(
+                teacher.model, tp_ids.to(device), tp_mask.to(device), out["completion_ids"], mask_B_T
+            )
+        return {"teacher_hidden": hidden}
+    return {}
+
+
+def _log_rollouts(
+    ctx: RunContext,
+    step: int,
+    items: list[Any],
+    prompt_rows: list[list[int]],
+    completion_rows: list[list[int]],
+    adv_B_T: torch.Tensor,
+) -> None:
+    """The student's side of the step: lengths, truncation, reward, accuracy; a few samples."""
+    texts = ctx.student.tokenizer.batch_decode(completion_rows, skip_special_tokens=True)
+    eos = set(ctx.student.eos_ids)
+    truncated = [not (row and row[-1] in eos) for row in completion_rows]
+    scores = ctx.domain.score_batch(items, texts)
+    lengths = [len(c) for c in completion_rows]
+    ctx.log.add(
+        {
+            "student/completion_tokens_mean": sum(lengths) / len(lengths),
+            "student/completion_tokens_max": float(max(lengths)),
+            "student/truncation_rate": sum(truncated) / len(truncated),
+            "student/reward_mean": sum(s.reward for s in scores) / len(scores),
+            "student/accuracy": sum(s.correct for s in scores) / len(scores),
+            "_tokens": float(sum(lengths) + sum(len(p) for p in prompt_rows)),
+        }
+    )
+    n = ctx.config.tracking.sample_rows
+    ctx.log.samples(
+        step,
+        [
+            {
+                "prompt": items[i].prompt,
+                "student": texts[i],
+                "student_tokens": lengths[i],
+                "truncated": truncated[i],
+                "correct": scores[i].correct,
+                "advantage_mean": float(adv_B_T[i, : lengths[i]].mean()) if lengths[i] else 0.0,
+            }
+            for i in range(min(n, len(items)))
+        ],
+    )
+
+
+def divergence_loss(trainer: Any, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+    """The direct-divergence members of the loss family on the trainer's batch (losses.py)."""
+    ctx: RunContext = trainer.distill_ctx
+    method = ctx.method_as(OnPolicyKL)
+    mask_B_T = inputs["completion_mask"]
+    hidden_B_T_H = _student_states(model, inputs)
+    head = trainer.accelerator.unwrap_model(model).get_output_embeddings()
+    if method.loss == "jsd":
+        teacher_head = ctx.local_teacher().model.get_output_embeddings()
+        return losses.jsd_loss(
+            hidden_B_T_H, inputs["teacher_hidden"], head, teacher_head, mask_B_T, method.beta
+        )
+    logprobs_B_T_V = torch.log_softmax(head(hidden_B_T_H).float(), dim=-1)
+    if method.loss == "forward_kl_topk":
+        per_token_B_T = losses.topk_forward_kl_per_token(
+            logprobs_B_T_V, inputs["teacher_topk_ids"], inputs["teacher_topk_logps"], method.topk_tail
+        )
+        overlap = losses.topk_overlap(logprobs_B_T_V.detach(), inputs["teacher_topk_ids"], mask_B_T)
+        ctx.log.add({"kl/topk_overlap": overlap})
+    else:
+        logp_S_B_T = logprobs_B_T_V.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+        per_token_B_T = losses.direct_kl_per_token(method.loss, logp_S_B_T, inputs["teacher_logps"])
+    return losses.masked_mean(per_token_B_T, mask_B_T)
 
 
 def train_on_policy(ctx: RunContext, teacher_prompt: PromptFor, callbacks: Sequence[Any] = ()) -> None:
@@ -259,15 +247,15 @@ def train_on_policy(ctx: RunContext, teacher_prompt: PromptFor, callbacks: Seque
     from distill.methods.callbacks import DistillCallback, quiet, trainer_common_args
 
     cfg = ctx.config
-    if sharded() and cfg.method.loss != "token_reward_direct":  # type: ignore[union-attr]
+    loss = ctx.method_as(OnPolicyKL).loss
+    if sharded() and loss != "token_reward_direct":
         # The divergence losses apply the student's head outside the wrapper's forward, where
         # ZeRO-3 / FSDP hold only a shard of it.
         raise ValueError(
-            f"method.loss={cfg.method.loss} trains in several processes with DDP only, not DeepSpeed or "  # type: ignore[union-attr]
+            f"method.loss={loss} trains in several processes with DDP only, not DeepSpeed or "
             "FSDP; use method.loss=token_reward_direct (TRL's GRPO loss) or configs/accelerate/ddp.yaml"
         )
-    items = ctx.domain.train_items()
-    ctx.extras["items"] = items
+    items = ctx.items = ctx.domain.train_items()
     # Conversational prompts: TRL renders them with the chat template and tokenises without adding
     # special tokens again, exactly as HFEngine.prompt_ids does for the teacher (see preflight).
     rows = [

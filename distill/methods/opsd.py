@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import TrainerCallback
 
+from distill.config import OPSDMethod
 from distill.methods.opd import train_on_policy
 
 if TYPE_CHECKING:
-    from distill.config import OPSDMethod
     from distill.domains.base import Domain, Item
-    from distill.engines.hf import HFEngine
+    from distill.engines.base import Engine
     from distill.methods.context import RunContext
 
 
@@ -48,23 +48,24 @@ class EMATeacher(TrainerCallback):
 
 def train(ctx: RunContext) -> None:
     cfg = ctx.config
-    method: OPSDMethod = cfg.method  # type: ignore[assignment]
+    method = ctx.method_as(OPSDMethod)
     callbacks: list[Any] = []
     if method.teacher_weights == "live":
         # The student being trained scores with the privileged prompt (no gradient through it).
         ctx.teacher = ctx.student
     else:
         # ctx.teacher was loaded from the student's own path: it is the step-0 weights.
-        ctx.teacher.model.eval()
-        ctx.teacher.model.requires_grad_(False)
+        teacher = ctx.local_teacher()
+        teacher.model.eval()
+        teacher.model.requires_grad_(False)
         if method.teacher_weights == "ema":
             if cfg.lora.enabled:
                 raise ValueError(
                     "method.teacher_weights=ema averages full weights; it cannot be combined with lora"
                 )
-            callbacks.append(EMATeacher(ctx.teacher.model, ctx.student.model, method.ema_decay))
+            callbacks.append(EMATeacher(teacher.model, ctx.student.model, method.ema_decay))
 
-    def privileged_prompt(engine: HFEngine, item: Item) -> list[int]:
+    def privileged_prompt(engine: Engine, item: Item) -> list[int]:
         return engine.prompt_ids(teacher_message(method, ctx.domain, item))
 
     train_on_policy(ctx, privileged_prompt, callbacks)

@@ -21,10 +21,10 @@ import torch
 if TYPE_CHECKING:
     from distill.config import RunConfig
     from distill.domains.base import Item
-    from distill.engines.hf import HFEngine
+    from distill.engines.base import Engine
 
 # How a teacher engine sees an item: the ids of its prompt.
-PromptFor = Callable[["HFEngine", "Item"], list[int]]
+PromptFor = Callable[["Engine", "Item"], list[int]]
 SELF_SCORE_TOLERANCE = 1e-4
 SHOWN_TOKENS = 24
 
@@ -44,7 +44,7 @@ class PreflightReport:
         return "\n".join(lines)
 
 
-def head_tokens(engine: HFEngine, ids: Sequence[int], n: int = SHOWN_TOKENS) -> list[str]:
+def head_tokens(engine: Engine, ids: Sequence[int], n: int = SHOWN_TOKENS) -> list[str]:
     return [str(engine.tokenizer.decode([i])) for i in list(ids)[:n]]
 
 
@@ -61,7 +61,7 @@ def side_by_side(left: tuple[str, list[str]], right: tuple[str, list[str]]) -> s
     return "\n".join(lines)
 
 
-def prompt_table(student: HFEngine, student_ids: list[int], teacher: HFEngine, teacher_ids: list[int]) -> str:
+def prompt_table(student: Engine, student_ids: list[int], teacher: Engine, teacher_ids: list[int]) -> str:
     """Identical prompts in one line; otherwise the tokens around the first difference, side by side."""
     left = [str(student.tokenizer.decode([i])) for i in student_ids]
     right = [str(teacher.tokenizer.decode([i])) for i in teacher_ids]
@@ -77,7 +77,7 @@ def prompt_table(student: HFEngine, student_ids: list[int], teacher: HFEngine, t
     )
 
 
-def trainer_prompt_ids(engine: HFEngine, prompt: str) -> list[int]:
+def trainer_prompt_ids(engine: Engine, prompt: str) -> list[int]:
     """The prompt ids an on-policy trainer rolls out from (conversational prompt, as TRL tokenizes it)."""
     kwargs: dict[str, Any] = (
         {} if engine.enable_thinking is None else {"enable_thinking": engine.enable_thinking}
@@ -93,7 +93,7 @@ def trainer_prompt_ids(engine: HFEngine, prompt: str) -> list[int]:
     return list(out["input_ids"])
 
 
-def check_thinking(config: RunConfig, student: HFEngine, teacher: HFEngine, item: Item) -> None:
+def check_thinking(config: RunConfig, student: Engine, teacher: Engine, item: Item) -> None:
     if config.student.enable_thinking == config.teacher.enable_thinking:
         return
     table = side_by_side(
@@ -113,12 +113,12 @@ def check_thinking(config: RunConfig, student: HFEngine, teacher: HFEngine, item
     )
 
 
-def _tail(engine: HFEngine, item: Item, n: int = 12) -> list[int]:
+def _tail(engine: Engine, item: Item, n: int = 12) -> list[int]:
     return engine.prompt_ids(item.prompt)[-n:]
 
 
 def self_score_gap(
-    student: HFEngine,
+    student: Engine,
     rollout_prompts: Sequence[Sequence[int]],
     teacher_prompts: Sequence[Sequence[int]],
     completions: Sequence[Sequence[int]],
@@ -155,10 +155,36 @@ def check_loss_mask(
             raise PreflightError(f"loss mask: rollout {i} repeats its prompt inside the completion")
 
 
+def check_first_batch(
+    student: Engine,
+    out: dict[str, Any],
+    items: Sequence[Item],
+    prompt_rows: list[list[int]],
+    completion_rows: list[list[int]],
+) -> None:
+    """On the trainer's real first batch: masks, and its prompt ids equal the teacher path's."""
+    check_loss_mask(
+        out["prompt_ids"],
+        out["prompt_mask"],
+        out["completion_ids"],
+        out["completion_mask"],
+        out["advantages"],
+        prompt_rows,
+    )
+    gap = self_score_gap(
+        student, prompt_rows, [student.prompt_ids(it.prompt) for it in items], completion_rows
+    )
+    if gap > SELF_SCORE_TOLERANCE:
+        raise PreflightError(
+            f"self-score on the first batch: the trainer's prompt ids and the teacher path's differ "
+            f"(max logprob gap {gap:.3g} with the student as its own teacher)"
+        )
+
+
 def run_preflight(
     config: RunConfig,
-    student: HFEngine,
-    teacher: HFEngine,
+    student: Engine,
+    teacher: Engine,
     items: Sequence[Item],
     teacher_prompt: PromptFor,
     same_template_required: bool,

@@ -6,12 +6,8 @@ turn, no second `<think>`) for at most t tokens (mask 1); the student takes one 
 cross-entropy on the teacher's tokens only. The student learns "from where I got to, this is how
 the teacher goes on".
 
-The update runs on a `transformers.Trainer` whose batches are built inside `training_step`
-from prompt indices, so the optimizer, scheduler, clipping, gradient accumulation, checkpoints
-and resume are the Trainer's and `DistillCallback` (metrics, periodic eval, step-N) works
-unchanged. TRL's SFTTrainer adds only dataset preparation ROSE cannot use (its batch exists only
-after this step's rollouts); GRPOTrainer's loss is a policy gradient, not CE, and its rollout
-cannot be spliced with a teacher's continuation.
+The update runs on the online trainer the episode methods share (online.py): a batch of prompt
+indices becomes this step's ROSE batch inside `training_step`.
 
 When the student's and teacher's tokenizers differ the prefix crosses through the tokenizer
 bridge (ids -> text -> teacher ids, and back), with every seam checked; budgets are counted in
@@ -25,18 +21,17 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from distill.config import ROSEMethod
 from distill.methods.budget import student_completions, supervised_share, teacher_budget
 from distill.methods.context import RunContext
+from distill.methods.online import IGNORE, CECallback, OnlineTrainer, run_online
 
 if TYPE_CHECKING:
     import torch
 
-    from distill.config import ROSEMethod
     from distill.domains.base import Item
     from distill.engines.hf import HFEngine
     from distill.tokenizer_bridge.bridge import TokenizerBridge
-
-IGNORE = -100
 
 
 @dataclass
@@ -77,23 +72,6 @@ def rose_example(
     return ids, labels
 
 
-def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded input_ids, attention_mask and labels (-100 on padding)."""
-    import torch
-
-    width = max(len(ids) for ids, _ in examples)
-    ids_B_T = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    labels_B_T = torch.full((len(examples), width), IGNORE, dtype=torch.long)
-    mask_B_T = torch.zeros((len(examples), width), dtype=torch.long)
-    for row, (ids, labels) in enumerate(examples):
-        if len(ids) != len(labels):
-            raise ValueError(f"sample {row} has {len(ids)} tokens but {len(labels)} labels")
-        ids_B_T[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        labels_B_T[row, : len(labels)] = torch.tensor(labels, dtype=torch.long)
-        mask_B_T[row, : len(ids)] = 1
-    return {"input_ids": ids_B_T, "attention_mask": mask_B_T, "labels": labels_B_T}
-
-
 def student_rollouts(
     ctx: RunContext, engine: HFEngine, bridge: TokenizerBridge, items: list[Item], rng: random.Random
 ) -> list[Rollout]:
@@ -101,7 +79,7 @@ def student_rollouts(
     from distill.tokenizer_bridge.bridge import clean_cut, readable
 
     cfg = ctx.config
-    method: ROSEMethod = cfg.method  # type: ignore[assignment]
+    method = ctx.method_as(ROSEMethod)
     prompts = [ctx.student.prompt_ids(item.prompt) for item in items]
     completions = engine.generate(
         prompts,
@@ -138,7 +116,7 @@ def teacher_continuations(ctx: RunContext, bridge: TokenizerBridge, rollouts: li
     from distill.tokenizer_bridge import thinking
     from distill.tokenizer_bridge.bridge import readable, trim_partial
 
-    method: ROSEMethod = ctx.config.method  # type: ignore[assignment]
+    method = ctx.method_as(ROSEMethod)
     teacher = ctx.teacher
     rows: list[list[int]] = []
     for r in rollouts:
@@ -233,75 +211,55 @@ def sample_rows(ctx: RunContext, rollouts: list[Rollout], n: int) -> list[dict[s
     ]
 
 
-def make_trainer_class() -> type:
-    from transformers import Trainer
+class ROSETrainer(OnlineTrainer):
+    """Each micro-batch: the live student's rollouts, cut and continued by the teacher; CE on
+    the teacher's tokens."""
 
-    class ROSETrainer(Trainer):
-        """A Trainer whose batch of prompt indices becomes a ROSE batch inside each step."""
+    bridge: TokenizerBridge
+    _acc: list[Rollout]
+    _times: dict[str, float]
 
-        distill_ctx: RunContext
-        bridge: TokenizerBridge
-        _rollout_engine: HFEngine | None = None
-        _acc_step = -1
-        _micro = 0
-        _acc: list[Rollout]
-        _times: dict[str, float]
-
-        def training_step(
-            self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None
-        ) -> torch.Tensor:
-            from distill.engines.hf import HFEngine
-
-            ctx = self.distill_ctx
-            cfg = ctx.config
-            step = self.state.global_step
-            if step != self._acc_step:  # first micro-batch of this optimizer step
-                self._acc_step, self._acc, self._micro = step, [], 0
-                self._times = {"perf/gen_time_s": 0.0, "perf/teacher_time_s": 0.0, "perf/train_time_s": 0.0}
-            self._micro += 1
-            items = ctx.extras["items"]
-            batch_items = [
-                items[int(i)] for i in inputs["item_index"] for _ in range(cfg.rollout.num_generations)
-            ]
-            rng = random.Random(cfg.seed * 1_000_003 + step * 1_009 + self._micro)
-            # The live student (unwrapped): this step's prefixes come from the current weights.
-            live: Any = self.model
-            if self._rollout_engine is None:
-                self._rollout_engine = HFEngine(live, ctx.student.tokenizer, ctx.student.enable_thinking)
-            t0 = time.perf_counter()
-            live.eval()  # Trainer.training_step switches it back to train mode
-            rollouts = student_rollouts(ctx, self._rollout_engine, self.bridge, batch_items, rng)
-            t1 = time.perf_counter()
-            teacher_continuations(ctx, self.bridge, rollouts)
-            t2 = time.perf_counter()
-            trained = [r for r in rollouts if r.seam_ok and r.target_ids]
-            if not trained:
-                raise ValueError(
-                    f"rose: no sample of step {step + 1} crossed the tokenizer bridge losslessly "
-                    f"(`distill bridge check --student {cfg.student.name} --teacher {cfg.teacher.name}`)"
-                )
-            examples = [
-                rose_example(r.prompt_ids, r.prefix_ids, r.target_ids if r.seam_ok else []) for r in rollouts
-            ]
-            batch = collate(examples, ctx.student.tokenizer.pad_token_id)
-            loss = super().training_step(model, batch, None)
-            t3 = time.perf_counter()
-            self._acc.extend(rollouts)
-            for key, seconds in zip(self._times, (t1 - t0, t2 - t1, t3 - t2), strict=True):
-                self._times[key] += seconds
-            method: ROSEMethod = cfg.method  # type: ignore[assignment]
-            ctx.log.add(
-                {
-                    **step_metrics(self._acc, method, bridged=not self.bridge.same),
-                    **self._times,
-                    "student/accuracy": _accuracy(ctx, self._acc),
-                    "_tokens": float(sum(len(ids) for ids, _ in examples)),
-                }
+    def training_step(
+        self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None
+    ) -> torch.Tensor:
+        ctx = self.distill_ctx
+        cfg = ctx.config
+        step = self.state.global_step
+        if self.begin_micro_batch():
+            self._acc = []
+            self._times = {"perf/gen_time_s": 0.0, "perf/teacher_time_s": 0.0, "perf/train_time_s": 0.0}
+        batch_items = self.step_items(inputs)
+        rng = self.step_rng()
+        engine = self.live_engine()
+        t0 = time.perf_counter()
+        engine.model.eval()  # Trainer.training_step switches it back to train mode
+        rollouts = student_rollouts(ctx, engine, self.bridge, batch_items, rng)
+        t1 = time.perf_counter()
+        teacher_continuations(ctx, self.bridge, rollouts)
+        t2 = time.perf_counter()
+        if not any(r.seam_ok and r.target_ids for r in rollouts):
+            raise ValueError(
+                f"rose: no sample of step {step + 1} crossed the tokenizer bridge losslessly "
+                f"(`distill bridge check --student {cfg.student.name} --teacher {cfg.teacher.name}`)"
             )
-            ctx.log.samples(step + 1, sample_rows(ctx, self._acc, cfg.tracking.sample_rows))
-            return loss
-
-    return ROSETrainer
+        examples = [
+            rose_example(r.prompt_ids, r.prefix_ids, r.target_ids if r.seam_ok else []) for r in rollouts
+        ]
+        loss = self.ce_step(model, examples)
+        t3 = time.perf_counter()
+        self._acc.extend(rollouts)
+        for key, seconds in zip(self._times, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+            self._times[key] += seconds
+        ctx.log.add(
+            {
+                **step_metrics(self._acc, ctx.method_as(ROSEMethod), bridged=not self.bridge.same),
+                **self._times,
+                "student/accuracy": _accuracy(ctx, self._acc),
+                "_tokens": float(sum(len(ids) for ids, _ in examples)),
+            }
+        )
+        ctx.log.samples(step + 1, sample_rows(ctx, self._acc, cfg.tracking.sample_rows))
+        return loss
 
 
 def _accuracy(ctx: RunContext, rollouts: list[Rollout]) -> float:
@@ -327,46 +285,11 @@ def preflight_bridge(ctx: RunContext, bridge: TokenizerBridge) -> None:
 
 
 def train(ctx: RunContext) -> None:
-    from datasets import Dataset
-    from transformers import TrainingArguments
-
-    from distill.methods.callbacks import DistillCallback, quiet, trainer_common_args
     from distill.tokenizer_bridge.bridge import TokenizerBridge
 
-    cfg = ctx.config
-    if cfg.lora.enabled:
+    if ctx.config.lora.enabled:
         raise ValueError("rose: lora.enabled is not supported yet; train all weights (lora.enabled=false)")
     bridge = TokenizerBridge(ctx.student.tokenizer, ctx.teacher.tokenizer)
     if not bridge.same:
         preflight_bridge(ctx, bridge)
-    items = ctx.domain.train_items()
-    ctx.extras["items"] = items
-    args = TrainingArguments(
-        **trainer_common_args(ctx),
-        per_device_train_batch_size=cfg.rollout.prompts_per_step,
-    )
-
-    class _Callback(DistillCallback):
-        def on_log(self, args, state, control, logs=None, **kw):  # type: ignore[no-untyped-def]
-            # The Trainer's loss is the CE on the teacher's tokens.
-            if logs and "loss" in logs:
-                self.ctx.log.add({"train/ce_loss": float(logs["loss"])})
-            return super().on_log(args, state, control, logs=logs, **kw)
-
-    trainer = make_trainer_class()(
-        model=ctx.student.model,
-        args=args,
-        train_dataset=Dataset.from_list([{"item_index": i} for i in range(len(items))]),
-        data_collator=_indices,
-        processing_class=ctx.student.tokenizer,
-        callbacks=[_Callback(ctx)],
-    )
-    trainer.distill_ctx = ctx
-    trainer.bridge = bridge
-    quiet(trainer).train(resume_from_checkpoint=str(ctx.resume_from) if ctx.resume_from else None)
-    ctx.student.model = trainer.model
-
-
-def _indices(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    # The batch is built inside training_step from the live student; the loader only picks prompts.
-    return {"item_index": [int(row["item_index"]) for row in rows]}
+    run_online(ctx, ROSETrainer, CECallback(ctx), bridge=bridge)

@@ -66,24 +66,3 @@ def opd_advantages(
         "kl/advantage_mean": float(adv_B_T.sum() / n_tokens),
     }
     return adv_B_T, stats
-
-
-def completion_states(
-    model: torch.nn.Module,
-    prompt_ids_B_P: torch.Tensor,
-    prompt_mask_B_P: torch.Tensor,
-    completion_ids_B_T: torch.Tensor,
-    completion_mask_B_T: torch.Tensor,
-) -> torch.Tensor:
-    """Final hidden states aligned to completion tokens: row t is the state that predicts token t.
-
-    Prompts are left-padded and completions right-padded, so the completion starts at the same
-    column in every row and one slice serves the whole batch.
-    """
-    ids_B_L = torch.cat([prompt_ids_B_P, completion_ids_B_T], dim=1)
-    mask_B_L = torch.cat([prompt_mask_B_P, completion_mask_B_T], dim=1)
-    # The decoder stack without the head: the head is applied by the loss (possibly chunked).
-    decoder = model.get_decoder()  # type: ignore[operator]
-    hidden_B_L_H = decoder(input_ids=ids_B_L, attention_mask=mask_B_L).last_hidden_state
-    width_P, width_T = prompt_ids_B_P.shape[1], completion_ids_B_T.shape[1]
-    return hidden_B_L_H[:, width_P - 1 : width_P - 1 + width_T]

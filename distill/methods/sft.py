@@ -9,21 +9,19 @@ from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from distill.config import SFTMethod
 from distill.methods.budget import teacher_budget
 from distill.methods.context import RunContext
-
-if TYPE_CHECKING:
-    from distill.config import SFTMethod
 
 
 def write_trajectories(ctx: RunContext) -> list[dict[str, Any]]:
     from distill.progress import progress_bar
 
     cfg = ctx.config
-    method: SFTMethod = cfg.method  # type: ignore[assignment]
-    path = ctx.run_dir / "data" / "teacher_trajectories.jsonl"
+    method = ctx.method_as(SFTMethod)
+    path = ctx.run.data / "teacher_trajectories.jsonl"
     if path.exists():  # resumed run: the same data, not a fresh draw
         return [json.loads(line) for line in path.read_text().splitlines()]
     needed = math.ceil(cfg.optim.max_steps * cfg.optim.batch_size * cfg.optim.grad_accum / method.epochs)
@@ -103,7 +101,7 @@ def train(ctx: RunContext) -> None:
     from distill.methods.callbacks import trainer_common_args
 
     cfg = ctx.config
-    method: SFTMethod = cfg.method  # type: ignore[assignment]
+    method = ctx.method_as(SFTMethod)
     rows = write_trajectories(ctx)
     kept = [r for r in rows if r["correct"]] if method.keep_verified_only else rows
     check_budget(ctx, rows, kept)
@@ -127,20 +125,15 @@ def fit_sft(ctx: RunContext, args: Any, dataset: Any) -> None:
     trajectories and on SciWorld episodes share it)."""
     from trl import SFTTrainer
 
-    from distill.methods.callbacks import DistillCallback, quiet
-
-    class _Callback(DistillCallback):
-        def on_log(self, args, state, control, logs=None, **kw):  # type: ignore[no-untyped-def]
-            if logs and "loss" in logs:
-                self.ctx.log.add({"train/ce_loss": float(logs["loss"])})
-            return super().on_log(args, state, control, logs=logs, **kw)
+    from distill.methods.callbacks import quiet
+    from distill.methods.online import CECallback, live_model
 
     trainer = SFTTrainer(
         model=ctx.student.model,
         args=args,
         train_dataset=dataset,
         processing_class=ctx.student.tokenizer,
-        callbacks=[_Callback(ctx)],
+        callbacks=[CECallback(ctx)],
     )
     quiet(trainer).train(resume_from_checkpoint=str(ctx.resume_from) if ctx.resume_from else None)
-    ctx.student.model = trainer.model  # type: ignore[assignment]
+    ctx.student.model = live_model(trainer)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from distill.engines.hf import HFEngine
+    from distill.engines.base import Engine
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -31,7 +31,7 @@ def reopened(prefix_text: str, continuation_text: str) -> bool:
     return has_think(prefix_text) and has_think(continuation_text)
 
 
-def teacher_prompt_ids(teacher: HFEngine, prompt: str, prefix_text: str) -> list[int]:
+def teacher_prompt_ids(teacher: Engine, prompt: str, prefix_text: str) -> list[int]:
     """The teacher's chat prompt (ending with its assistant header) to continue `prefix_text`."""
     if not has_think(prefix_text):
         return teacher.prompt_ids(prompt)

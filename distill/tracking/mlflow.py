@@ -266,3 +266,54 @@ def mlflow_ui_command(uri: str, artifact_root: Path | None) -> str:
         parts += ["--default-artifact-root", artifact_root.resolve().as_uri()]
     parts += ["--port", "5000"]
     return " ".join(shlex.quote(p) for p in parts)
+
+
+# -- one-off client calls on existing runs (archive, diagnose): every MLflow call is made here --
+
+
+def client_for(uri: str) -> MlflowClient:
+    """A client of the store at `uri` (a sqlite store is created under its file lock)."""
+    from mlflow.tracking import MlflowClient
+
+    db_path = _sqlite_path(uri)
+    if db_path is not None and not db_path.exists():
+        _connect(uri, "Default", None)
+    return MlflowClient(tracking_uri=uri)
+
+
+def log_artifacts_to(uri: str, run_id: str, folder: Path, artifact_path: str | None = None) -> None:
+    """Files of `folder` as artifacts of an existing run, leaving its status as it is (re-opening
+    it through a tracker would set it RUNNING and then change how it ended)."""
+    client_for(uri).log_artifacts(run_id, str(folder), artifact_path)
+
+
+def tag_run(client: MlflowClient, run_id: str, tags: dict[str, str], artifact: Path | None = None) -> None:
+    """Set `tags` on an existing run (one batch) and log `artifact` to it."""
+    from mlflow.entities import RunTag
+
+    client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+    if artifact is not None:
+        client.log_artifact(run_id, str(artifact))
+
+
+def runs_named(uri: str, run_name: str) -> list[dict[str, Any]]:
+    """Runs whose name is exactly `run_name`, newest first, in every experiment of the store.
+
+    The name is compared here, never written into an MLflow filter string: a quote in user text
+    must not reach the store's query language.
+    """
+    return [run for run in find_runs(uri) if run["run_name"] == run_name]
+
+
+def download_artifact(uri: str, run_id: str, name: str, target: Path) -> bool:
+    """Copy artifact `name` of a run to `target`; False when the artifact store is out of reach."""
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = Path(client_for(uri).download_artifacts(run_id, name, tmp))
+        except Exception:  # an artifact store this machine cannot reach
+            return False
+        shutil.copyfile(path, target)
+    return True

@@ -9,13 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from distill.config import DomainConfig
+    from distill.config import DomainBase
     from distill.settings import Settings
 
 PREFIX = "zoo:"
 
 
-def resolve_model(name: str, domain: DomainConfig, settings: Settings, show_progress: bool = True) -> str:
+def resolve_model(name: str, domain: DomainBase, settings: Settings, show_progress: bool = True) -> str:
     """A loadable path or hub id for `name`, building zoo entries on first use."""
     if not name.startswith(PREFIX):
         return name

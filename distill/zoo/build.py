@@ -23,7 +23,7 @@ from distill.zoo.recipes import (
 )
 
 if TYPE_CHECKING:
-    from distill.config import DomainConfig
+    from distill.config import DomainBase
     from distill.domains.base import Domain
 
 # Domain settings that change the data a zoo model is trained on.
@@ -56,7 +56,7 @@ def _lookup(name: str, recipes: Mapping[str, Recipe]) -> Recipe:
         raise ValueError(f"unknown zoo model {name!r}; known: {', '.join(sorted(recipes))}") from None
 
 
-def recipe_key(name: str, domain: DomainConfig, recipes: Mapping[str, Recipe] | None = None) -> str:
+def recipe_key(name: str, domain: DomainBase, recipes: Mapping[str, Recipe] | None = None) -> str:
     recipes = recipes if recipes is not None else recipes_for(domain.name)
     recipe = _lookup(name, recipes)
     data = domain.model_dump(mode="json", include=set(_DATA_FIELDS))
@@ -72,9 +72,7 @@ def recipe_key(name: str, domain: DomainConfig, recipes: Mapping[str, Recipe] | 
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def entry_dir(
-    root: Path, name: str, domain: DomainConfig, recipes: Mapping[str, Recipe] | None = None
-) -> Path:
+def entry_dir(root: Path, name: str, domain: DomainBase, recipes: Mapping[str, Recipe] | None = None) -> Path:
     return root / domain.name / f"{name}-{recipe_key(name, domain, recipes)}"
 
 
@@ -97,7 +95,7 @@ def save_model(model: Any, tokenizer: Any, out: Path) -> None:
 def ensure_built(
     root: Path,
     name: str,
-    domain_config: DomainConfig,
+    domain_config: DomainBase,
     show_progress: bool = True,
     recipes: Mapping[str, Recipe] | None = None,
 ) -> Path:
@@ -132,12 +130,7 @@ def ensure_built(
             extra = _build_tokenizer(recipe, domain, tmp)
         else:
             tok_dir = ensure_built(root, recipe.tokenizer, domain_config, show_progress, recipes)
-            # Multi-turn domains (sciworld) train on whole episodes and evaluate by playing them.
-            builder = getattr(domain, "build_zoo_model", None)
-            if builder is not None:
-                extra = builder(name, recipe, tok_dir, tmp, show_progress)
-            else:
-                extra = _build_model(name, recipe, domain, tok_dir, tmp, show_progress)
+            extra = _build_model(name, recipe, domain, tok_dir, tmp, show_progress)
         entry = ZooEntry(
             name=name,
             domain=domain_config.name,
@@ -170,7 +163,8 @@ def _build_tokenizer(recipe: TokenizerRecipe, domain: Domain, out: Path) -> dict
     return {"params": 0, "vocab": len(tok)}
 
 
-def _make_model(recipe: ModelRecipe, tokenizer: Any) -> Any:
+def make_model(recipe: ModelRecipe, tokenizer: Any) -> Any:
+    """A freshly initialised model of the recipe's architecture and size for `tokenizer`."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     common = dict(
@@ -204,7 +198,7 @@ def supervised_examples(
     """
     import random
 
-    from distill.engines.hf import encode_text, render_chat
+    from distill.engines.base import encode_text, render_chat
 
     rng = random.Random(seed)
     examples = []
@@ -228,16 +222,56 @@ def supervised_examples(
 def _build_model(
     name: str, recipe: ModelRecipe, domain: Domain, tok_dir: Path, out: Path, show_progress: bool
 ) -> dict[str, Any]:
+    """Train the recipe's model on the domain's worked solutions (an episodic domain: its gold
+    episodes), evaluate it as a run would, save it; returns what zoo.json records of it."""
     import torch
     from transformers import AutoTokenizer
 
+    from distill import registry
     from distill.config import EvalConfig
     from distill.engines.hf import HFEngine
-    from distill.evals.runner import evaluate
+    from distill.evals import evaluator_for
 
     torch.manual_seed(recipe.seed)
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
-    model = _make_model(recipe, tokenizer)
+    model = make_model(recipe, tokenizer)
+    try:
+        if registry.domain_entry(domain.name).episodic:
+            from distill.zoo.episodes import agent_examples
+
+            examples, batch_size, extra = agent_examples(domain, name, recipe, tokenizer)
+        else:
+            examples, batch_size, extra = (
+                _solution_examples(domain, name, recipe, tokenizer),
+                recipe.batch_size,
+                {},
+            )
+        label = f"zoo: training {name} ({domain.name})"
+        loss_value = fit_examples(model, tokenizer, examples, recipe, batch_size, label, show_progress)
+        evaluate = evaluator_for(domain)
+        result = evaluate(
+            HFEngine(model, tokenizer),
+            domain,
+            domain.eval_items(),
+            EvalConfig(),
+            f"zoo: eval {name}",
+            show_progress,
+        )
+    finally:
+        domain.close()
+    save_model(model, tokenizer, out)
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "final_loss": round(loss_value, 4),
+        **extra,
+        # Per task too where the domain has tasks (`task/<id>/success`): a mean can hide one never solved.
+        "eval": {k: round(v, 4) for k, v in result.metrics.items()},
+    }
+
+
+def _solution_examples(
+    domain: Domain, name: str, recipe: ModelRecipe, tokenizer: Any
+) -> list[tuple[list[int], list[int]]]:
     items = domain.train_items()
     if recipe.data_items is not None:
         items = items[: recipe.data_items]
@@ -246,24 +280,7 @@ def _build_model(
     )
     if not examples:
         raise ValueError(f"zoo {name}: the domain gave no worked solutions to train on")
-    loss_value = fit_examples(
-        model, tokenizer, examples, recipe, recipe.batch_size, f"zoo: training {name}", show_progress
-    )
-    engine = HFEngine(model, tokenizer)
-    result = evaluate(
-        engine,
-        domain,
-        domain.eval_items(),
-        EvalConfig(),
-        label=f"zoo: eval {name}",
-        show_progress=show_progress,
-    )
-    save_model(model, tokenizer, out)
-    return {
-        "params": sum(p.numel() for p in model.parameters()),
-        "final_loss": round(loss_value, 4),
-        "eval": {k: round(v, 4) for k, v in result.metrics.items()},
-    }
+    return examples
 
 
 def fit_examples(

@@ -7,7 +7,7 @@ randomly initialised student does not move under OPD (measured, see the notes in
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -50,49 +50,32 @@ class ModelRecipe(BaseModel):
 
 Recipe = TokenizerRecipe | ModelRecipe
 
+
+def teacher_shape(**fields: Any) -> ModelRecipe:
+    """The embedded teachers' shape (2 layers of width 128, 4 heads) with a recipe's own fields."""
+    shape: dict[str, Any] = dict(
+        arch="qwen3", tokenizer="tok-qwen", hidden=128, layers=2, heads=4, kv_heads=2, intermediate=384
+    )
+    return ModelRecipe(**{**shape, **fields})
+
+
+def student_shape(**fields: Any) -> ModelRecipe:
+    """The embedded students' shape: half the teacher's width, 2 heads sharing one KV head."""
+    shape: dict[str, Any] = dict(
+        arch="qwen3", tokenizer="tok-qwen", hidden=64, layers=2, heads=2, kv_heads=1, intermediate=192
+    )
+    return ModelRecipe(**{**shape, **fields})
+
+
 RECIPES: dict[str, Recipe] = {
     "tok-qwen": TokenizerRecipe(family="qwen", vocab_size=1024),
     "tok-llama": TokenizerRecipe(family="llama", vocab_size=1280),
-    "teacher": ModelRecipe(
-        arch="qwen3",
-        tokenizer="tok-qwen",
-        hidden=128,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        intermediate=384,
-        steps=400,
-        lr=3e-3,
-        batch_size=64,
-        corrupt_prob=0.3,
-    ),
+    "teacher": teacher_shape(steps=400, lr=3e-3, batch_size=64, corrupt_prob=0.3),
     # The other tokenizer family: with zoo:student it is the cross-family pair (ROSE via the bridge).
-    "teacher-llama": ModelRecipe(
-        arch="llama",
-        tokenizer="tok-llama",
-        hidden=128,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        intermediate=384,
-        steps=400,
-        lr=3e-3,
-        batch_size=64,
-        corrupt_prob=0.3,
+    "teacher-llama": teacher_shape(
+        arch="llama", tokenizer="tok-llama", steps=400, lr=3e-3, batch_size=64, corrupt_prob=0.3
     ),
-    "student": ModelRecipe(
-        arch="qwen3",
-        tokenizer="tok-qwen",
-        hidden=64,
-        layers=2,
-        heads=2,
-        kv_heads=1,
-        intermediate=192,
-        steps=300,
-        lr=3e-3,
-        batch_size=32,
-        data_items=256,
-    ),
+    "student": student_shape(steps=300, lr=3e-3, batch_size=32, data_items=256),
 }
 
 # A domain's own versions of some recipes (they win over RECIPES for that domain's zoo entries).
@@ -100,38 +83,19 @@ RECIPES: dict[str, Recipe] = {
 # and fewer, smaller batches; measured in docs/sciworld.md.
 DOMAIN_RECIPES: dict[str, dict[str, Recipe]] = {
     "sciworld": {
-        "teacher": ModelRecipe(
-            arch="qwen3",
-            tokenizer="tok-qwen",
-            hidden=128,
-            layers=2,
-            heads=4,
-            kv_heads=2,
-            intermediate=384,
+        # Half the episodes hold one malformed turn and its "Invalid Action" feedback: the
+        # teacher then reads a student's broken episodes as something it has seen.
+        "teacher": teacher_shape(
             steps=300,
             lr=5e-3,
             batch_size=8,
             warmup_steps=10,
             max_positions=4096,
             episode_loss="all",
-            # Half the episodes hold one malformed turn and its "Invalid Action" feedback: the
-            # teacher then reads a student's broken episodes as something it has seen.
             corrupt_prob=0.5,
         ),
-        "student": ModelRecipe(
-            arch="qwen3",
-            tokenizer="tok-qwen",
-            hidden=64,
-            layers=2,
-            heads=2,
-            kv_heads=1,
-            intermediate=192,
-            steps=150,
-            lr=3e-3,
-            batch_size=8,
-            data_items=32,
-            warmup_steps=10,
-            max_positions=4096,
+        "student": student_shape(
+            steps=150, lr=3e-3, batch_size=8, data_items=32, warmup_steps=10, max_positions=4096
         ),
     },
 }

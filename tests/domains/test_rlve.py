@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from distill.config import DomainConfig, RLVEDomainConfig, domain_config
+from distill.config import DomainBase, domain_config
 from distill.domains import build_domain
 from distill.domains.base import Item
 from distill.domains.rlve import RLVEDomain, build
+from distill.domains.rlve.config import RLVEDomainConfig
 
 
-def small() -> DomainConfig:
+def small() -> DomainBase:
     return RLVEDomainConfig(train_size=64, eval_size=16)
 
 

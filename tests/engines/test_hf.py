@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from distill.engines.hf import Completion, HFEngine
+from distill.engines.base import Completion
+from distill.engines.hf import HFEngine
 
 PROMPTS = ["What is 3 times 4?", "Sort: 3 1 2", "hello"]
 

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from distill.config import RunConfig, ServerClientConfig, resolve_config
+from distill.engines.compat import check_config, served_teacher_reason
 from distill.engines.hf import HFEngine
-from distill.engines.server import ServerEngine, ServerError, unsupported_reason
+from distill.engines.server import ServerEngine, ServerError
 from distill.engines.vllm_server import ServeOptions, find_vllm, serve_command
 
 
@@ -49,13 +50,19 @@ def test_config_server_engine_fields() -> None:
 
 def test_methods_that_need_teacher_weights_are_refused() -> None:
     served = {"name": "zoo:teacher", "engine": "server", "url": "http://h:1"}
-    assert unsupported_reason(RunConfig.model_validate({"teacher": served})) is None
+    assert served_teacher_reason(RunConfig.model_validate({"teacher": served})) is None
     topk = RunConfig.model_validate({"teacher": served, "method": {"name": "opd", "loss": "forward_kl_topk"}})
-    assert unsupported_reason(topk) is None
+    assert served_teacher_reason(topk) is None
+    jsd = RunConfig.model_validate({"teacher": served, "method": {"name": "opd", "loss": "jsd"}})
     with pytest.raises(ValueError, match="teacher.engine=server: method.loss=jsd needs the teacher's hidden"):
-        RunConfig.model_validate({"teacher": served, "method": {"name": "opd", "loss": "jsd"}})
+        check_config(jsd)
     opsd = RunConfig.model_validate({"method": {"name": "opsd"}})
-    assert "opsd" in str(unsupported_reason(opsd))
+    assert "opsd" in str(served_teacher_reason(opsd))
+    episodes = RunConfig.model_validate(
+        {"teacher": served, "domain": {"name": "sciworld"}, "method": {"name": "rose"}}
+    )
+    with pytest.raises(ValueError, match="teacher.engine=server: the episode methods on sciworld"):
+        check_config(episodes)
 
 
 def test_cli_refuses_jsd_with_a_served_teacher_before_any_run(tmp_path: Path) -> None:
@@ -113,9 +120,7 @@ def test_served_teacher_has_no_weights_here(tiny_zoo: Any) -> None:
     from transformers import AutoTokenizer
 
     engine = ServerEngine("http://127.0.0.1:9", AutoTokenizer.from_pretrained(str(tiny_zoo.teacher)), "m")
-    assert getattr(engine, "model", None) is None
-    with pytest.raises(AttributeError, match="teacher.engine=server"):
-        engine.model.get_output_embeddings()
+    assert getattr(engine, "model", None) is None and not engine.supports_cache
     hf = HFEngine.load(str(tiny_zoo.teacher))
     # Same rendering code: prompts are token-for-token the hf engine's.
     assert engine.prompt_ids("Sort: 3 1 2") == hf.prompt_ids("Sort: 3 1 2")
@@ -184,7 +189,7 @@ def test_cli_serve_teacher_without_vllm_is_a_clear_error(tmp_path: Path) -> None
 def test_hf_score_topk_matches_the_trainer_layout(tiny_zoo: Any) -> None:
     """score_topk equals the former in-trainer computation (left-padded prompts, right-padded
     completions through the decoder and head), and its logprobs agree with score()."""
-    from distill.methods.scoring import completion_states
+    from distill.engines.states import completion_states
 
     engine = HFEngine.load(str(tiny_zoo.teacher))
     prompts = [engine.prompt_ids(p) for p in ("What is 3 times 4?", "Sort: 3 1 2", "hi")]

@@ -4,7 +4,6 @@ use it (another method, no vllm package here) stop before training with the reas
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ from e2e.test_run import _distill
 
 from distill.config import ConfigError, RolloutConfig, resolve_config
 from distill.engines import vllm
+from distill.engines.compat import check_config, vllm_rollout_reason
 
 
 def test_hf_is_the_default_and_keeps_trl_on_transformers_generate() -> None:
@@ -44,19 +44,18 @@ def test_config_errors_name_the_field() -> None:
     with pytest.raises(ConfigError, match="rollout.vllm_server_url"):
         resolve_config("rlve", "opd", overrides=["rollout.engine=vllm", "rollout.vllm_mode=server"])
     with pytest.raises(ConfigError, match=r"rollout.engine=vllm .* \(not sft on rlve\)"):
-        resolve_config("rlve", "sft", overrides=["rollout.engine=vllm"])
+        check_config(resolve_config("rlve", "sft", overrides=["rollout.engine=vllm"]))
     # A GPU config can be written and checked on a machine without vLLM.
     cfg = resolve_config("rlve", "opd", overrides=["rollout.engine=vllm"])
-    assert vllm.unsupported_reason(cfg, check_install=False) is None
+    assert vllm_rollout_reason(cfg, check_install=False) is None
+    check_config(cfg)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
 def test_a_run_without_vllm_installed_fails_before_training(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     proc = _distill(["run", "--domain", "rlve", "--method", "opd", "rollout.engine=vllm"], ws)
-    assert proc.returncode != 0
-    assert "rollout.engine=vllm needs the vllm package" in proc.stdout + proc.stderr
-    (run_dir,) = (ws / "runs").iterdir()
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "FAILED" and "vllm" in summary["error"]
-    assert not (run_dir / "checkpoints").exists()
+    assert proc.returncode == 2
+    assert "rollout.engine=vllm needs the vllm package" in proc.stderr
+    # Refused before a run directory exists: nothing is left behind.
+    assert not (ws / "runs").exists()

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from distill.cli.evaluate import resolve_sampling
+from distill.evals.standalone import resolve_sampling
 
-FIXTURE = Path(__file__).parent / "fixtures" / "matharena_hub"
+FIXTURE = Path(__file__).parents[1] / "domains" / "dapo" / "fixtures" / "matharena_hub"
 
 
 def test_protocol_defaults_and_explicit_flags() -> None:

@@ -11,8 +11,10 @@ import torch
 from distill.config import OPDMethod, RunConfig
 from distill.domains import build_domain
 from distill.engines.hf import HFEngine
-from distill.methods.context import RunContext, StepLog
+from distill.methods.context import RunContext
 from distill.tracking.base import NullTracker
+from distill.tracking.rundir import RunDir
+from distill.tracking.steplog import StepLog
 
 pytestmark = pytest.mark.integration
 
@@ -41,11 +43,11 @@ def _context(
     run_dir.mkdir()
     return RunContext(
         config=config,
-        run_dir=run_dir,
+        run=RunDir(run_dir),
         domain=build_domain(config.domain),
         student=student,
         teacher=teacher,
-        log=StepLog(run_dir, NullTracker()),
+        log=StepLog(RunDir(run_dir), NullTracker()),
     )
 
 
@@ -66,7 +68,7 @@ def test_student_equal_teacher_gives_zero_advantage_and_loss(tmp_path: Path, tin
     ctx = _context(tmp_path, tiny_zoo, student, teacher, lr=1e-3, loss=loss)
     before = {k: v.clone() for k, v in student.model.state_dict().items()}
     train(ctx)
-    metrics = _step_metrics(ctx.run_dir)
+    metrics = _step_metrics(ctx.run.path)
     assert metrics["student/completion_tokens_mean"] > 0
     assert abs(metrics["kl/reverse_kl_mean"]) < 1e-4
     assert abs(metrics["kl/advantage_mean"]) < 1e-4
@@ -115,7 +117,7 @@ def test_teacher_preferring_a_token_raises_the_students_logprob_of_it(
     probe = [student.prompt_ids(item.prompt) for item in ctx.domain.eval_items()[:8]]
     before = _mean_logprob_of(student, probe, x)
     train(ctx)
-    metrics = _step_metrics(ctx.run_dir)
+    metrics = _step_metrics(ctx.run.path)
     # Teacher logprobs of the student's own samples differ now, so the advantage is non-zero.
     assert metrics["kl/reverse_kl_mean"] != pytest.approx(0.0, abs=1e-3)
     after = _mean_logprob_of(ctx.student, probe, x)

@@ -11,8 +11,10 @@ import torch
 from distill.config import RunConfig
 from distill.domains import build_domain
 from distill.engines.hf import HFEngine
-from distill.methods.context import RunContext, StepLog
+from distill.methods.context import RunContext
 from distill.tracking.base import NullTracker
+from distill.tracking.rundir import RunDir
+from distill.tracking.steplog import StepLog
 
 pytestmark = pytest.mark.integration
 
@@ -34,11 +36,11 @@ def _context(tmp_path: Path, tiny_zoo, method: dict, **extra: object) -> RunCont
     run_dir.mkdir()
     return RunContext(
         config=config,
-        run_dir=run_dir,
+        run=RunDir(run_dir),
         domain=build_domain(config.domain),
         student=HFEngine.load(str(tiny_zoo.student)),
         teacher=HFEngine.load(str(tiny_zoo.student)),
-        log=StepLog(run_dir, NullTracker()),
+        log=StepLog(RunDir(run_dir), NullTracker()),
     )
 
 
@@ -66,7 +68,7 @@ def test_base_teacher_stays_frozen_while_the_student_moves(tmp_path: Path, tiny_
     teacher_before = {k: v.clone() for k, v in ctx.teacher.model.state_dict().items()}
     student_before = {k: v.clone() for k, v in ctx.student.model.state_dict().items()}
     train(ctx)
-    rows = [r for r in _rows(ctx.run_dir) if "train/loss" in r]
+    rows = [r for r in _rows(ctx.run.path) if "train/loss" in r]
     assert len(rows) == 2 and all(abs(r["kl/reverse_kl_mean"]) > 1e-4 for r in rows)
     teacher_after, student_after = ctx.teacher.model.state_dict(), ctx.student.model.state_dict()
     assert all(torch.equal(teacher_before[k], teacher_after[k]) for k in teacher_before)
@@ -93,9 +95,9 @@ def test_lora_student_saves_adapters_that_load_merged(tmp_path: Path, tiny_zoo) 
         tmp_path, tiny_zoo, {"teacher_weights": "base"}, lora={"enabled": True, "rank": 4, "alpha": 8}
     )
     train(ctx)
-    ckpt = ctx.run_dir / "checkpoints" / "checkpoint-2"
+    ckpt = ctx.run.path / "checkpoints" / "checkpoint-2"
     if not ckpt.exists():  # DistillCallback renames complete checkpoints
-        ckpt = ctx.run_dir / "checkpoints" / "step-2"
+        ckpt = ctx.run.path / "checkpoints" / "step-2"
     assert (ckpt / "adapter_config.json").exists()
     loaded = HFEngine.load(str(ckpt))
     ids = torch.tensor([ctx.student.prompt_ids(ctx.domain.eval_items()[0].prompt)])

@@ -18,10 +18,13 @@ import torch
 from distill.config import ROSEMethod, RunConfig
 from distill.domains import build_domain
 from distill.engines.hf import HFEngine
-from distill.methods.context import RunContext, StepLog
-from distill.methods.rose import Rollout, collate, draw_prefix_len, rose_example, teacher_continuations
+from distill.methods.context import RunContext
+from distill.methods.online import collate
+from distill.methods.rose import Rollout, draw_prefix_len, rose_example, teacher_continuations
 from distill.tokenizer_bridge.bridge import TokenizerBridge
 from distill.tracking.base import NullTracker
+from distill.tracking.rundir import RunDir
+from distill.tracking.steplog import StepLog
 
 METRICS = (
     "train/ce_loss",
@@ -54,11 +57,11 @@ def _context(
     run_dir.mkdir(parents=True)
     return RunContext(
         config=config,
-        run_dir=run_dir,
+        run=RunDir(run_dir),
         domain=build_domain(config.domain),
         student=student,
         teacher=teacher,
-        log=StepLog(run_dir, NullTracker()),
+        log=StepLog(RunDir(run_dir), NullTracker()),
     )
 
 
@@ -66,7 +69,7 @@ def _train_one_step(ctx: RunContext) -> dict[str, float]:
     from distill.methods.rose import train
 
     train(ctx)
-    rows = [json.loads(line) for line in (ctx.run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (ctx.run.path / "metrics.jsonl").read_text().splitlines()]
     return rows[-1]
 
 
@@ -209,7 +212,7 @@ def test_samples_show_prefix_continuation_and_mask(tmp_path: Path, tiny_zoo: Any
     with stops_after(teacher, 6):
         ctx = _context(tmp_path, tiny_zoo, student, teacher, prefix_tokens=3, prefix_tokens_min=None)
         _train_one_step(ctx)
-    rows = [json.loads(line) for line in (ctx.run_dir / "samples" / "step-1.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (ctx.run.path / "samples" / "step-1.jsonl").read_text().splitlines()]
     assert len(rows) == ctx.config.tracking.sample_rows
     for row in rows:
         assert row["prompt"] and "student_prefix" in row and "teacher_continuation" in row
@@ -290,7 +293,7 @@ def test_cross_family_step_goes_through_the_bridge(tmp_path: Path, tiny_zoo: Any
         metrics = _train_one_step(ctx)
     assert metrics["teacher/seam_failure_rate"] == 0.0
     assert metrics["teacher/truncation_rate"] == 0.0 and metrics["teacher/ce_target_tokens_max"] <= 10
-    rows = [json.loads(line) for line in (ctx.run_dir / "samples" / "step-1.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (ctx.run.path / "samples" / "step-1.jsonl").read_text().splitlines()]
     for row in rows:
         assert row["seam_ok"]
         # Counted in both tokenizers: t is the teacher's budget, the mask is over student tokens.

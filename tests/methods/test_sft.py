@@ -11,9 +11,11 @@ import pytest
 from distill.config import RunConfig, SFTMethod
 from distill.domains import build_domain
 from distill.engines.hf import HFEngine
-from distill.methods.context import RunContext, StepLog
+from distill.methods.context import RunContext
 from distill.methods.sft import check_budget, write_trajectories
 from distill.tracking.base import NullTracker
+from distill.tracking.rundir import RunDir
+from distill.tracking.steplog import StepLog
 
 
 def _context(tmp_path: Path, tiny_zoo: Any, budget: int, keep_verified_only: bool) -> RunContext:
@@ -30,16 +32,16 @@ def _context(tmp_path: Path, tiny_zoo: Any, budget: int, keep_verified_only: boo
     engine = HFEngine.load(str(tiny_zoo.teacher))
     return RunContext(
         config=config,
-        run_dir=run_dir,
+        run=RunDir(run_dir),
         domain=build_domain(config.domain),
         student=engine,
         teacher=engine,
-        log=StepLog(run_dir, NullTracker()),
+        log=StepLog(RunDir(run_dir), NullTracker()),
     )
 
 
 def _logged(ctx: RunContext) -> dict[str, float]:
-    return json.loads((ctx.run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    return json.loads((ctx.run.path / "metrics.jsonl").read_text().splitlines()[0])
 
 
 def test_truncated_teacher_is_counted_and_named_in_the_error(tmp_path: Path, tiny_zoo: Any) -> None:
@@ -53,7 +55,7 @@ def test_truncated_teacher_is_counted_and_named_in_the_error(tmp_path: Path, tin
     assert logged["step"] == 0
     assert logged["teacher/ce_target_share"] >= 0.94 and logged["teacher/truncation_rate"] >= 0.9
     assert logged["teacher/ce_target_tokens_max"] == 3
-    samples = (ctx.run_dir / "samples" / "step-0.jsonl").read_text().splitlines()
+    samples = (ctx.run.path / "samples" / "step-0.jsonl").read_text().splitlines()
     assert json.loads(samples[0])["truncated"] is True
 
 

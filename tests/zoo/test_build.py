@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from conftest import TINY_RECIPES
 
-from distill.config import RLVEDomainConfig
+from distill.domains.rlve.config import RLVEDomainConfig
 from distill.zoo import resolve_model
 from distill.zoo.build import ensure_built, entry_dir, read_entry, recipe_key
 from distill.zoo.recipes import ModelRecipe, TokenizerRecipe

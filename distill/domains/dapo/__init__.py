@@ -2,7 +2,7 @@
 
 Training problems come from DAPO-Math-17k (hub id or a local parquet/jsonl/json file in the verl
 layout, or plain problem/answer rows) or, by default, from the embedded generator
-(`problems.py`). Both go through the same row loader (`distill.evals.benchmarks`) and the same
+(`problems.py`). Both go through the same row loader (`data.py`) and the same
 grader, so the embedded default exercises the real-data path. Eval items are a benchmark
 (aime25, hmmt25, aime24) when `domain.eval_benchmark` is set, else held-out problems.
 """
@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from distill.domains.base import Domain, Item, Score, cached_items
 from distill.domains.dapo import problems
-from distill.evals.benchmarks import load_benchmark, load_problems, row_to_item
-from distill.evals.math_grader import MathGrader
+from distill.domains.dapo.data import load_benchmark, load_problems, row_to_item
+from distill.domains.dapo.grader import MathGrader
 
 if TYPE_CHECKING:
-    from distill.config import DapoDomainConfig
+    from distill.domains.dapo.config import DapoDomainConfig
 
 PREFIX = "dapo"
 
@@ -123,6 +123,12 @@ class DapoDomain(Domain):
             raise ValueError(f"score_batch: {len(items)} items but {len(responses)} responses")
         grades = self.grader.grade_batch([item.answer for item in items], responses)
         return [Score(reward=float(g.correct), correct=g.correct, formatted=g.formatted) for g in grades]
+
+    def benchmark_items(
+        self, name: str, data: str | None, count: int, seed: int = 0
+    ) -> tuple[list[Item], str]:
+        items = load_benchmark(name, data)[:count]
+        return items, f"{len(items)} problems of {name} from {data or 'its hub id'}"
 
     def close(self) -> None:
         """Stop the grader's worker processes (they also stop when the domain is collected)."""

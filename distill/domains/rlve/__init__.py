@@ -20,7 +20,7 @@ from distill.domains.rlve.solutions import solution_segments, worked_solution
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from distill.config import RLVEDomainConfig
+    from distill.domains.rlve.config import RLVEDomainConfig
 
 ANSWER_MARKERS = (r"\boxed{", "}")
 ANSWER_INSTRUCTION = "\n\nPut your final answer in \\boxed{}."

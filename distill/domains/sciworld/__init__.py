@@ -6,7 +6,8 @@ variations. An item's `solution` is its gold trajectory in the AgentGym format (
 gold action sequence played through the simulator, observations included), materialised once
 in the workspace: it is what the embedded teacher is trained on and what the tokenizer covers.
 
-Episodes are played with `play()` across an `EnvPool` (one JVM per worker process).
+The domain implements the episodic protocol (`distill/episodes/protocol.py`): episodes are
+played with `distill.episodes.play` across an `EnvPool` (one JVM per worker process).
 """
 
 from __future__ import annotations
@@ -18,24 +19,76 @@ from typing import TYPE_CHECKING, Any
 
 from distill.domains.base import Domain, Item, Score, cached_items
 from distill.domains.sciworld.index import IndexEntry, build_index, task_name
-from distill.domains.sciworld.prompt import FIRST_REPLY, INSTRUCTION, first_observation, format_response
+from distill.domains.sciworld.prompt import (
+    FIRST_REPLY,
+    INSTRUCTION,
+    INVALID_ACTION,
+    UNKNOWN_ACTION,
+    first_observation,
+    format_response,
+    parse_action,
+)
+from distill.episodes.protocol import EnvReply, Script
 
 if TYPE_CHECKING:
-    from distill.config import SciWorldDomainConfig
+    from collections.abc import Sequence
+
+    from distill.domains.sciworld.config import SciWorldDomainConfig
     from distill.domains.sciworld.pool import EnvPool
+    from distill.episodes.protocol import Task
 
 
 # Settings of how episodes are played, not of which items there are (see `_data_config`).
-_RUNTIME_FIELDS = (
-    "pool_size",
-    "java_heap",
-    "max_turns",
-    "turn_max_new_tokens",
-    "negative_score",
-    "step_timeout_s",
-    "student_turns",
-    "student_turns_min",
-)
+_RUNTIME_FIELDS = ("pool_size", "java_heap", "max_turns", "negative_score", "step_timeout_s")
+
+# The AgentGym conversation around the observations.
+AGENTGYM = Script(instruction=INSTRUCTION, first_reply=FIRST_REPLY, invalid_feedback=INVALID_ACTION)
+
+
+class SciWorldEnvs:
+    """The worker pool as the episodic protocol's environment slots (slot = worker)."""
+
+    def __init__(self, pool: EnvPool) -> None:
+        self.pool = pool
+
+    @property
+    def size(self) -> int:
+        return self.pool.size
+
+    def reset_many(self, requests: Sequence[tuple[int, Task, bool]]) -> list[EnvReply | Exception]:
+        replies = self.pool.call_many(
+            [
+                (slot, "reset", (task.meta["task_name"], int(task.meta["variation"]), "", gold))
+                for slot, task, gold in requests
+            ]
+        )
+        out: list[EnvReply | Exception] = []
+        for reply in replies:
+            if isinstance(reply, Exception):
+                out.append(reply)
+                continue
+            first = first_observation(reply["task_description"], reply["observation"])
+            out.append(EnvReply(first, score=int(reply.get("score", 0)), gold=reply.get("gold")))
+        return out
+
+    def step_many(self, requests: Sequence[tuple[int, str]]) -> list[EnvReply | Exception]:
+        replies = self.pool.call_many([(slot, "step", (action,)) for slot, action in requests])
+        out: list[EnvReply | Exception] = []
+        for reply in replies:
+            if isinstance(reply, Exception):
+                out.append(reply)
+                continue
+            observation = str(reply["observation"])
+            out.append(
+                EnvReply(
+                    observation,
+                    score=int(reply["score"]),
+                    done=bool(reply["done"]),
+                    moves=int(reply["moves"]),
+                    valid=not observation.startswith(UNKNOWN_ACTION),
+                )
+            )
+        return out
 
 
 def item_of(entry: IndexEntry) -> Item:
@@ -53,8 +106,10 @@ def item_of(entry: IndexEntry) -> Item:
 
 
 class SciWorldDomain(Domain):
+    """ScienceWorld as an episodic domain (`distill.episodes.protocol.EpisodicDomain`)."""
+
     name = "sciworld"
-    multi_turn = True
+    script = AGENTGYM
 
     def __init__(self, config: SciWorldDomainConfig, pool: EnvPool | None = None) -> None:
         if not config.tasks:
@@ -85,6 +140,29 @@ class SciWorldDomain(Domain):
             self._pool.close()
             self._pool = None
 
+    # -- the episodic protocol -------------------------------------------------------------
+    @property
+    def max_turns(self) -> int:
+        return self.config.max_turns
+
+    def envs(self) -> SciWorldEnvs:
+        return SciWorldEnvs(self.pool())
+
+    def parse_action(self, response: str) -> str | None:
+        return parse_action(response)
+
+    def action_text(self, action: str) -> str:
+        return format_response(action)
+
+    def reward(self, score: int) -> float:
+        """Final score / 100; a negative score (irreversible failure) is 0 unless `keep`."""
+        if score < 0 and self.config.negative_score == "zero":
+            return 0.0
+        return score / 100.0
+
+    def solved(self, score: int) -> bool:
+        return score >= 100
+
     @cached_property
     def _simulator_facts(self) -> dict[str, Any]:
         """Variation counts of every task and the train/test splits of `domain.tasks`."""
@@ -102,6 +180,29 @@ class SciWorldDomain(Domain):
 
     def agentgym_index(self) -> list[IndexEntry]:
         return build_index(self._simulator_facts["counts"])
+
+    def benchmark_items(
+        self, name: str, data: str | None, count: int, seed: int = 0
+    ) -> tuple[list[Item], str]:
+        """AgentGym's items: those listed in `data` (a JSON file of `sciworld_<idx>` ids), else a
+        seeded stratified sample of `count` over the task types of the AgentGym index."""
+        from pathlib import Path
+
+        from distill.domains.sciworld.index import read_item_list, stratified_sample
+
+        if name != "agentgym":
+            raise ValueError(f"--benchmark {name}: the sciworld domain has one benchmark, agentgym")
+        index = self.agentgym_index()
+        if data is not None:
+            entries = read_item_list(Path(data), index)
+            return [item_of(e) for e in entries], f"{len(entries)} items listed in {data}"
+        entries = stratified_sample(index, count, seed)
+        tasks = len({e.task_id for e in entries})
+        source = (
+            f"no item list given (--data): a stratified sample of {len(entries)} items over {tasks} task "
+            f"types of the {len(index)}-item AgentGym index, seed {seed}"
+        )
+        return [item_of(e) for e in entries], source
 
     def _entries(self, splits: tuple[str, ...], count: int, seed: int) -> list[IndexEntry]:
         index = self.agentgym_index()
@@ -125,7 +226,7 @@ class SciWorldDomain(Domain):
     def _data_config(self) -> SciWorldDomainConfig:
         """The config the materialised items are keyed by: how episodes are run later (pool,
         heap, turn limits, ROSE's split) does not change them, so it does not re-key them."""
-        from distill.config import SciWorldDomainConfig
+        from distill.domains.sciworld.config import SciWorldDomainConfig
 
         defaults = SciWorldDomainConfig()
         return self.config.model_copy(update={f: getattr(defaults, f) for f in _RUNTIME_FIELDS})
@@ -163,17 +264,12 @@ class SciWorldDomain(Domain):
 
     def with_gold(self, items: list[Item]) -> list[Item]:
         """Items with their gold trajectory (played through the simulator) as `solution`."""
-        from distill.domains.sciworld.play import GoldAgent, PlayConfig, play
+        from distill.episodes.play import ScriptedAgent, play, single
 
         # Text only (tokenizer None): no model reads these episodes.
-        agent = GoldAgent(look_before_focus=self.config.gold_look)
+        agent = ScriptedAgent(format_response, script=look_before_focus if self.config.gold_look else None)
         episodes = play(
-            self.pool(),
-            items,
-            lambda ep: agent,
-            None,
-            None,
-            PlayConfig(max_turns=self.config.env_step_limit, gold=True),
+            self, items, single(agent), None, None, gold=True, max_turns=self.config.env_step_limit
         )
         out = []
         for item, ep in zip(items, episodes, strict=True):
@@ -208,15 +304,6 @@ class SciWorldDomain(Domain):
         self.close()  # the items are materialised; no JVM needs to wait for the tokenizer
         return texts
 
-    def build_zoo_model(self, name: str, recipe: Any, tok_dir: Any, out: Any, show_progress: bool) -> dict:
-        """The zoo's hook: train a tiny agent on gold episodes and score it by playing."""
-        from distill.domains.sciworld.zoo import build_agent
-
-        try:
-            return build_agent(self, name, recipe, tok_dir, out, show_progress)
-        finally:
-            self.close()
-
 
 def gold_messages(item: Item) -> list[dict[str, str]]:
     """An item's gold trajectory as AgentGym chat messages (after the fixed first reply)."""
@@ -233,8 +320,19 @@ def gold_messages(item: Item) -> list[dict[str, str]]:
     return messages
 
 
+def look_before_focus(actions: list[str]) -> list[str]:
+    """The gold actions with a "look around" before each "focus on" that directly follows a
+    "go to": what the agent focuses on is then named in its context, not guessed."""
+    out: list[str] = []
+    for action in actions:
+        if action.startswith("focus on") and out and out[-1].startswith("go to"):
+            out.append("look around")
+        out.append(action)
+    return out
+
+
 def build(config: SciWorldDomainConfig) -> SciWorldDomain:
     return SciWorldDomain(config)
 
 
-__all__ = ["SciWorldDomain", "build", "first_observation", "gold_messages", "item_of"]
+__all__ = ["SciWorldDomain", "build", "first_observation", "gold_messages", "item_of", "look_before_focus"]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from distill.config import SciWorldDomainConfig
 from distill.domains.sciworld import SciWorldDomain
+from distill.domains.sciworld.config import SciWorldDomainConfig
 from distill.domains.sciworld.index import EXCLUDED_TASKS, read_item_list, stratified_sample, task_table
 from distill.domains.sciworld.pool import EnvPool
 
@@ -78,13 +78,15 @@ def test_domain_items_come_from_the_simulator_splits(domain: SciWorldDomain, sw_
 
 
 def test_agent_eval_reports_the_three_metrics(domain: SciWorldDomain, tiny_zoo) -> None:  # type: ignore[no-untyped-def]
+    from distill.config import EvalConfig
     from distill.engines.hf import HFEngine
-    from distill.evals.agent import AgentEvalConfig, agentgym_items, evaluate_agent
+    from distill.evals.agent import evaluate_agent
 
     engine = HFEngine.load(str(tiny_zoo.student))
-    items, source = agentgym_items(domain, None, n=4, seed=0)
+    items, source = domain.benchmark_items("agentgym", None, 4, seed=0)
     assert "stratified sample of 4 items" in source and "seed 0" in source
-    cfg = AgentEvalConfig(max_turns=2, turn_max_new_tokens=8)
+    domain = SciWorldDomain(domain.config.model_copy(update={"max_turns": 2}), pool=domain.pool())
+    cfg = EvalConfig(max_new_tokens=8)
     result = evaluate_agent(engine, domain, items, cfg, show_progress=False)
     m = result.metrics
     for key in ("score", "success", "pass_gt0", "turns_mean", "invalid_action_rate", "episodes_per_min"):

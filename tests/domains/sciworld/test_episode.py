@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from distill.domains.sciworld import item_of
-from distill.domains.sciworld.episode import ENV, FIXED, ChatFrame
+from distill.domains.sciworld import SciWorldDomain, item_of
 from distill.domains.sciworld.index import IndexEntry
-from distill.domains.sciworld.play import GoldAgent, PlayConfig, handover, play
-from distill.domains.sciworld.pool import EnvPool
 from distill.domains.sciworld.prompt import FIRST_REPLY, INSTRUCTION, format_response
+from distill.episodes.episode import ENV, FIXED, ChatFrame
+from distill.episodes.play import handover, play
+
+from .conftest import gold
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +27,7 @@ def find_non_living(variation: int) -> IndexEntry:
 
 @pytest.mark.parametrize("family", ["qwen", "llama"])
 def test_gold_episode_mask_turn_by_turn(
-    family: str, sw_pool: EnvPool, tokenizer_dirs: dict[str, Path]
+    family: str, sw_domain: SciWorldDomain, tokenizer_dirs: dict[str, Path]
 ) -> None:
     """ROSE split on a gold episode: env tokens 0, student turns 0, teacher turns 1, score 100."""
     from transformers import AutoTokenizer
@@ -34,8 +35,8 @@ def test_gold_episode_mask_turn_by_turn(
     tok = AutoTokenizer.from_pretrained(tokenizer_dirs[family])
     frame = ChatFrame.of(tok)
     item = item_of(find_non_living(7))
-    policy = handover(GoldAgent("student"), GoldAgent("teacher"), STUDENT_TURNS)
-    (ep,) = play(sw_pool, [item], policy, tok, frame, PlayConfig(max_turns=20, gold=True))
+    policy = handover(gold("student"), gold("teacher"), STUDENT_TURNS)
+    (ep,) = play(sw_domain, [item], policy, tok, frame, gold=True, max_turns=20)
 
     assert ep.error is None
     assert ep.done and ep.score == 100
@@ -83,12 +84,14 @@ def test_gold_episode_mask_turn_by_turn(
     assert ep.turns[-1].observation and ep.turns[-1].observation not in tok.decode(ep.ids)
 
 
-def test_invalid_action_feedback_and_turn_limit(sw_pool: EnvPool, tokenizer_dirs: dict[str, Path]) -> None:
+def test_invalid_action_feedback_and_turn_limit(
+    sw_domain: SciWorldDomain, tokenizer_dirs: dict[str, Path]
+) -> None:
     """A response without `Action:` gets the Invalid Action feedback, no simulator step; the turn
     limit ends the episode; an unknown action counts as invalid too."""
     from transformers import AutoTokenizer
 
-    from distill.engines.hf import Completion
+    from distill.engines.base import Completion
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dirs["qwen"])
 
@@ -96,46 +99,47 @@ def test_invalid_action_feedback_and_turn_limit(sw_pool: EnvPool, tokenizer_dirs
         writer = "student"
         texts = ["I am thinking", "Action: fly to the moon", "Action: look around"]
 
-        def act(self, episodes, max_new_tokens):  # type: ignore[no-untyped-def]
+        def act(self, episodes):  # type: ignore[no-untyped-def]  # a scripted test agent
             out = []
             for ep in episodes:
                 text = self.texts[len(ep.turns)]
-                ids = tok(text, add_special_tokens=False)["input_ids"][:max_new_tokens]
+                ids = tok(text, add_special_tokens=False)["input_ids"][:64]
                 out.append(Completion(ids=ids, text=text, truncated=True))
             return out
 
     item = item_of(find_non_living(3))
-    (ep,) = play(sw_pool, [item], lambda ep: Scripted(), tok, ChatFrame.of(tok), PlayConfig(max_turns=3))
+    (ep,) = play(sw_domain, [item], lambda ep: Scripted(), tok, ChatFrame.of(tok), max_turns=3)
     assert ep.error is None and not ep.done
     assert len(ep.turns) == 3
     assert [t.valid for t in ep.turns] == [False, False, True]
     assert ep.turns[0].observation.startswith("Invalid Action")
     assert ep.turns[1].observation.startswith("No known action matches that input.")
     assert "Invalid Action" in tok.decode(ep.ids)
-    assert ep.record()["invalid_actions"] == 2 and ep.record()["truncated_turns"] == 3
+    assert ep.record(sw_domain)["invalid_actions"] == 2 and ep.record(sw_domain)["truncated_turns"] == 3
 
 
 def test_recorded_gold_replays_to_the_live_sequence(
-    sw_pool: EnvPool, tokenizer_dirs: dict[str, Path]
+    sw_domain: SciWorldDomain, tokenizer_dirs: dict[str, Path]
 ) -> None:
     """Training rows built offline from an item's recorded gold steps are token for token the
     sequence a live gold episode produces, with labels exactly on the gold turns."""
     from transformers import AutoTokenizer
 
-    from distill.config import SciWorldDomainConfig
-    from distill.domains.sciworld import SciWorldDomain
-    from distill.methods.episodes import IGNORE, episode_example, replay_gold
+    from distill.domains.sciworld.config import SciWorldDomainConfig
+    from distill.episodes.data import IGNORE, episode_example, replay_gold
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dirs["qwen"])
     frame = ChatFrame.of(tok, enable_thinking=False)
-    domain = SciWorldDomain(SciWorldDomainConfig(tasks=["4-2"], train_size=1, eval_size=1), pool=sw_pool)
+    domain = SciWorldDomain(
+        SciWorldDomainConfig(tasks=["4-2"], train_size=1, eval_size=1), pool=sw_domain.pool()
+    )
     (item,) = domain.train_items()
-    (live,) = play(sw_pool, [item], lambda ep: GoldAgent(), tok, frame, PlayConfig(gold=True))
+    (live,) = play(domain, [item], lambda ep: gold(), tok, frame, gold=True)
     # Two plays of one variation can differ (the simulator draws its gold path and the world
     # ticks), so the offline rows are rebuilt from this play's record.
     steps = [{"action": t.action, "observation": t.observation} for t in live.turns]
     recorded = replace(item, meta={**item.meta, "first": live.first_observation, "steps": steps})
-    offline = replay_gold(recorded, tok, frame)
+    offline = replay_gold(recorded, domain, tok, frame)
     assert live.score == offline.score == 100
     assert offline.ids == live.ids and offline.spans == live.spans
     ids, labels = episode_example(offline, ["gold"])
@@ -146,7 +150,7 @@ def test_recorded_gold_replays_to_the_live_sequence(
 
 
 def test_look_before_focus_only_after_a_move() -> None:
-    from distill.domains.sciworld.play import look_before_focus
+    from distill.domains.sciworld import look_before_focus
 
     gold = ["open door to outside", "go to outside", "focus on crocodile", "focus on ant", "wait1"]
     assert look_before_focus(gold) == [
@@ -169,13 +173,13 @@ def test_look_before_focus_only_after_a_move() -> None:
     ]
 
 
-def test_gold_with_look_names_the_animal_and_still_succeeds(sw_pool: EnvPool) -> None:
+def test_gold_with_look_names_the_animal_and_still_succeeds(sw_domain: SciWorldDomain) -> None:
     """Lifespan gold paths focus on an animal right after walking outside; with the inserted
     look the animal is named in the observation before it, and the episode still scores 100."""
     entry = IndexEntry(index=0, task_id="7-1", task_name="lifespan-longest-lived", variation=24)
-    (plain,) = play(sw_pool, [item_of(entry)], lambda ep: GoldAgent(), None, None, PlayConfig(gold=True))
-    looked_agent = GoldAgent(look_before_focus=True)
-    (looked,) = play(sw_pool, [item_of(entry)], lambda ep: looked_agent, None, None, PlayConfig(gold=True))
+    (plain,) = play(sw_domain, [item_of(entry)], lambda ep: gold(), None, None, gold=True)
+    looked_agent = gold(look=True)
+    (looked,) = play(sw_domain, [item_of(entry)], lambda ep: looked_agent, None, None, gold=True)
     assert plain.score == looked.score == 100
     actions = [t.action for t in looked.turns]
     assert len(actions) == len(plain.turns) + 1
@@ -186,18 +190,18 @@ def test_gold_with_look_names_the_animal_and_still_succeeds(sw_pool: EnvPool) ->
     assert animal not in plain.turns[focus - 2].observation  # "You move to the outside."
 
 
-def test_an_episode_without_a_simulator_step_keeps_the_initial_score(sw_pool: EnvPool) -> None:
+def test_an_episode_without_a_simulator_step_keeps_the_initial_score(sw_domain: SciWorldDomain) -> None:
     """Variation 107 of 7-1 starts at 50 (partial credit before any action): an agent that never
     writes a parseable action ends there, not at 0."""
-    from distill.engines.hf import Completion
+    from distill.engines.base import Completion
 
     class Mute:
         writer = "student"
 
-        def act(self, episodes, max_new_tokens):  # type: ignore[no-untyped-def]
+        def act(self, episodes):  # type: ignore[no-untyped-def]  # a scripted test agent
             return [Completion(ids=[], text="I am thinking", truncated=True) for _ in episodes]
 
     entry = IndexEntry(index=0, task_id="7-1", task_name="lifespan-longest-lived", variation=107)
-    (ep,) = play(sw_pool, [item_of(entry)], lambda ep: Mute(), None, None, PlayConfig(max_turns=2))
+    (ep,) = play(sw_domain, [item_of(entry)], lambda ep: Mute(), None, None, max_turns=2)
     assert [t.valid for t in ep.turns] == [False, False]
     assert ep.moves == 0 and ep.score == 50

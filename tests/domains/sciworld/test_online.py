@@ -8,11 +8,14 @@ from typing import Any
 
 import pytest
 
-from distill.config import OPDMethod, ROSEMethod, RunConfig, SciWorldDomainConfig
+from distill.config import OPDMethod, ROSEMethod, RunConfig
 from distill.domains.sciworld import SciWorldDomain
+from distill.domains.sciworld.config import SciWorldDomainConfig
 from distill.domains.sciworld.pool import EnvPool
-from distill.methods.context import RunContext, StepLog
+from distill.methods.context import RunContext
 from distill.tracking.base import NullTracker
+from distill.tracking.rundir import RunDir
+from distill.tracking.steplog import StepLog
 
 pytestmark = pytest.mark.integration
 
@@ -20,15 +23,7 @@ pytestmark = pytest.mark.integration
 def _context(tmp_path: Path, tiny_zoo: Any, sw_pool: EnvPool, method: Any) -> RunContext:
     from distill.engines.hf import HFEngine
 
-    domain_cfg = SciWorldDomainConfig(
-        tasks=["4-2"],
-        train_size=2,
-        eval_size=1,
-        max_turns=2,
-        turn_max_new_tokens=8,
-        student_turns=1,
-        student_turns_min=None,
-    )
+    domain_cfg = SciWorldDomainConfig(tasks=["4-2"], train_size=2, eval_size=1, max_turns=2)
     config = RunConfig.model_validate(
         {
             "domain": domain_cfg.model_dump(),
@@ -43,11 +38,11 @@ def _context(tmp_path: Path, tiny_zoo: Any, sw_pool: EnvPool, method: Any) -> Ru
     run_dir.mkdir()
     return RunContext(
         config=config,
-        run_dir=run_dir,
+        run=RunDir(run_dir),
         domain=SciWorldDomain(domain_cfg, pool=sw_pool),
         student=HFEngine.load(str(tiny_zoo.student)),
         teacher=HFEngine.load(str(tiny_zoo.teacher)),
-        log=StepLog(run_dir, NullTracker()),
+        log=StepLog(RunDir(run_dir), NullTracker()),
     )
 
 
@@ -55,18 +50,18 @@ def _context(tmp_path: Path, tiny_zoo: Any, sw_pool: EnvPool, method: Any) -> Ru
 def test_one_online_step(variant: str, tmp_path: Path, tiny_zoo: Any, sw_pool: EnvPool) -> None:
     import torch
 
-    from distill.methods.episodes_online import train
+    from distill.methods.episode_online import train
 
     name = variant.split("-")[0]
     methods = {
-        "rose": ROSEMethod(),
+        "rose": ROSEMethod(student_turns=1, student_turns_min=None, teacher_max_tokens=8),
         "opd": OPDMethod(),
         "opd-topk": OPDMethod(loss="forward_kl_topk", top_k=5),
     }
     ctx = _context(tmp_path, tiny_zoo, sw_pool, methods[variant])
     before = [p.detach().clone() for p in ctx.student.model.parameters()]
-    train(ctx, name)
-    rows = [json.loads(line) for line in (ctx.run_dir / "metrics.jsonl").read_text().splitlines()]
+    train(ctx)
+    rows = [json.loads(line) for line in (ctx.run.path / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]
     for key in (
         "env/turns_mean",
@@ -87,7 +82,7 @@ def test_one_online_step(variant: str, tmp_path: Path, tiny_zoo: Any, sw_pool: E
         assert last["env/student_turns_mean"] == 2 and last["env/teacher_turns_mean"] == 0
         assert "kl/reverse_kl_mean" in last
         assert ("kl/topk_overlap" if variant == "opd-topk" else "kl/advantage_mean") in last
-    samples = (ctx.run_dir / "samples" / "step-1.jsonl").read_text().splitlines()
+    samples = (ctx.run.path / "samples" / "step-1.jsonl").read_text().splitlines()
     assert len(samples) == 2 and json.loads(samples[0])["turns"] == 2
     after = list(ctx.student.model.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
@@ -98,34 +93,32 @@ def test_cross_family_rose_bridges_turn_by_turn(tmp_path: Path, tiny_zoo: Any, s
     tokens, and its turn lands in the episode as qwen ids of the same text, labelled for CE."""
     from transformers import AutoTokenizer
 
-    from distill.domains.sciworld.play import EngineAgent, PlayConfig, handover, play
     from distill.engines.hf import HFEngine
-    from distill.evals.agent import frame_for
-    from distill.methods.episodes import BridgedAgent, episode_example, turn_ids
-    from distill.methods.episodes_online import train
+    from distill.episodes.data import BridgedAgent, episode_example, turn_ids
+    from distill.episodes.episode import frame_for
+    from distill.episodes.play import EngineAgent, handover, play
+    from distill.methods.episode_online import train
 
     student = HFEngine.load(str(tiny_zoo.student))
     teacher = HFEngine.load(str(tiny_zoo.teacher_llama))
     llama = AutoTokenizer.from_pretrained(tiny_zoo.teacher_llama)
     assert student.tokenizer.get_vocab() != llama.get_vocab()
     domain = SciWorldDomain(
-        SciWorldDomainConfig(tasks=["4-2"], train_size=2, eval_size=1, max_turns=3, turn_max_new_tokens=8),
+        SciWorldDomainConfig(tasks=["4-2"], train_size=2, eval_size=1, max_turns=3),
         pool=sw_pool,
     )
     items = domain.train_items()[:1]
     seen: list[str] = []
-    bridged = BridgedAgent(EngineAgent(teacher, "teacher"))
+    bridged = BridgedAgent(EngineAgent(teacher, "teacher", 8), domain.script)
     inner_act = bridged.agent.act
 
-    def spy(views, max_new_tokens):  # type: ignore[no-untyped-def]
+    def spy(views):  # type: ignore[no-untyped-def]  # a test double of EngineAgent.act
         seen.extend(llama.decode(v.ids[:3]) for v in views)
-        return inner_act(views, max_new_tokens)
+        return inner_act(views)
 
-    bridged.agent.act = spy  # type: ignore[method-assign]
-    policy = handover(EngineAgent(student, "student"), bridged, 1)
-    (ep,) = play(
-        sw_pool, items, policy, student.tokenizer, frame_for(student.tokenizer, None), PlayConfig(3, 8)
-    )
+    bridged.agent.act = spy  # type: ignore[method-assign]  # a test double of EngineAgent.act
+    policy = handover(EngineAgent(student, "student", 8), bridged, 1)
+    (ep,) = play(domain, items, policy, student.tokenizer, frame_for(student.tokenizer, None))
     assert [t.writer for t in ep.turns] == ["student", "teacher", "teacher"]
     assert len(seen) == 2 and all(s.startswith("<|begin_of_text|>") for s in seen)  # llama's own frame
     for (start, end, writer), turn in zip(ep.turn_spans(), ep.turns, strict=True):
@@ -138,14 +131,16 @@ def test_cross_family_rose_bridges_turn_by_turn(tmp_path: Path, tiny_zoo: Any, s
     )
 
     # And a whole cross-family ROSE step through the trainer (OPD stays refused).
-    ctx = _context(tmp_path, tiny_zoo, sw_pool, ROSEMethod())
+    ctx = _context(
+        tmp_path, tiny_zoo, sw_pool, ROSEMethod(student_turns=1, student_turns_min=None, teacher_max_tokens=8)
+    )
     ctx.teacher = teacher
-    train(ctx, "rose")
-    last = [json.loads(line) for line in (ctx.run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    train(ctx)
+    last = [json.loads(line) for line in (ctx.run.path / "metrics.jsonl").read_text().splitlines()][-1]
     assert last["env/teacher_turns_mean"] == 1 and "train/ce_loss" in last
     opd_dir = tmp_path / "opd"
     opd_dir.mkdir()
     opd = _context(opd_dir, tiny_zoo, sw_pool, OPDMethod())
     opd.teacher = teacher
     with pytest.raises(ValueError, match="must share a"):
-        train(opd, "opd")
+        train(opd)

@@ -12,11 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from distill.domains.sciworld import item_of
+from distill.domains.sciworld import SciWorldDomain, item_of
+from distill.domains.sciworld.config import SciWorldDomainConfig
 from distill.domains.sciworld.index import IndexEntry
-from distill.domains.sciworld.play import GoldAgent, PlayConfig, play
 from distill.domains.sciworld.pool import EnvPool, pid_running
+from distill.episodes.play import play
 from distill.evals.agent import summarize_episodes
+
+from .conftest import gold
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +45,8 @@ def test_no_jvm_left_after_close() -> None:
     with EnvPool(1) as pool:
         jvms, workers = pool.jvm_pids, [w.pid for w in pool.workers]
         assert len(jvms) == 1 and all(pid_running(p) for p in jvms + workers)
-        episodes = play(pool, items([1]), lambda ep: GoldAgent(), None, None, PlayConfig(gold=True))
+        domain = SciWorldDomain(SciWorldDomainConfig(tasks=["4-2"]), pool=pool)
+        episodes = play(domain, items([1]), lambda ep: gold(), None, None, gold=True)
         assert [ep.score for ep in episodes] == [100]
     assert wait_gone(jvms + workers, timeout=1.0) == []
 
@@ -100,27 +104,26 @@ def test_killed_worker_fails_only_its_episode(sw_pool: EnvPool) -> None:
 
     restarts = sw_pool.restarts
     batch = items([5, 6, 9])
-    episodes = play(
-        sw_pool, batch, lambda ep: GoldAgent(), None, None, PlayConfig(gold=True), on_turn=kill_mid_episode
-    )
+    domain = SciWorldDomain(SciWorldDomainConfig(tasks=["4-2"]), pool=sw_pool)
+    episodes = play(domain, batch, lambda ep: gold(), None, None, gold=True, on_turn=kill_mid_episode)
     by_id = {ep.item.id: ep for ep in episodes}
     failed = by_id[victim]
     assert failed.error is not None
     assert "died during step" in failed.error and "killed by signal 9" in failed.error
     assert failed.error.startswith("turn 2 ")
-    record = failed.record()
+    record = failed.record(domain)
     assert record["error"] == failed.error and record["turns"] == 2 and record["success"] is False
     for ep in episodes:
         if ep.item.id != victim:
             assert ep.error is None and ep.score == 100, ep.item.id
     assert sw_pool.restarts == restarts + 1
     # the eval counts the failed episode as score 0 and says so
-    metrics = summarize_episodes(episodes)
+    metrics = summarize_episodes(episodes, domain)
     assert metrics["failed"] == 1 and metrics["success"] == pytest.approx(2 / 3)
     assert metrics["score"] == pytest.approx(2 / 3) and metrics["pass_gt0"] == pytest.approx(2 / 3)
     assert wait_gone([killed["worker"], killed["jvm"]]) == []
     # the restarted worker serves the next episode
-    (again,) = play(sw_pool, items([6]), lambda ep: GoldAgent(), None, None, PlayConfig(gold=True))
+    (again,) = play(domain, items([6]), lambda ep: gold(), None, None, gold=True)
     assert again.error is None and again.score == 100
 
 

@@ -6,13 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from distill.domains.sciworld.episode import ChatFrame, reward_of
+from distill.domains.sciworld import SciWorldDomain
+from distill.domains.sciworld.config import SciWorldDomainConfig
 from distill.domains.sciworld.prompt import (
     FIRST_REPLY,
     INSTRUCTION,
     format_response,
     parse_action,
 )
+from distill.episodes.episode import ChatFrame
 
 
 def test_instruction_is_agentgym_format() -> None:
@@ -44,10 +46,12 @@ def test_format_response_round_trips() -> None:
 
 
 def test_reward_handles_negative_scores() -> None:
-    assert reward_of(100) == 1.0
-    assert reward_of(42) == 0.42
-    assert reward_of(-100) == 0.0
-    assert reward_of(-100, "keep") == -1.0
+    zero = SciWorldDomain(SciWorldDomainConfig())
+    keep = SciWorldDomain(SciWorldDomainConfig(negative_score="keep"))
+    assert zero.reward(100) == 1.0 and zero.solved(100) and not zero.solved(99)
+    assert zero.reward(42) == 0.42
+    assert zero.reward(-100) == 0.0
+    assert keep.reward(-100) == -1.0
 
 
 @pytest.mark.parametrize("family", ["qwen", "llama"])

@@ -15,11 +15,11 @@ from distill.methods import get_method
 
 
 def test_sciworld_methods_resolve_to_the_episode_versions() -> None:
-    from distill.methods import episodes, episodes_online, sft
+    from distill.methods import episode_online, episode_sft, sft
 
-    assert get_method("sft", "sciworld") is episodes.train_sft
-    assert get_method("rose", "sciworld") is episodes_online.train_rose
-    assert get_method("opd", "sciworld") is episodes_online.train_opd
+    assert get_method("sft", "sciworld") is episode_sft.train
+    assert get_method("rose", "sciworld") is episode_online.train_rose
+    assert get_method("opd", "sciworld") is episode_online.train_opd
     # Single-turn domains keep the single-turn methods.
     assert get_method("sft", "rlve") is sft.train
     with pytest.raises(
@@ -64,9 +64,11 @@ def test_rose_run_end_to_end(tmp_path: Path, tiny_zoo: Any) -> None:
         "domain.eval_size=2",
         "domain.pool_size=1",
         "domain.max_turns=3",
-        "domain.turn_max_new_tokens=8",
-        "domain.student_turns=1",
-        "domain.student_turns_min=null",
+        "rollout.max_new_tokens=8",
+        "eval.max_new_tokens=8",
+        "method.teacher_max_tokens=8",
+        "method.student_turns=1",
+        "method.student_turns_min=null",
         "optim.max_steps=2",
         "rollout.prompts_per_step=2",
         "eval.items=2",

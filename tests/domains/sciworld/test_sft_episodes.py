@@ -8,15 +8,20 @@ from typing import Any
 
 import pytest
 
-from distill.config import RunConfig, SciWorldDomainConfig, SFTMethod
+from distill.config import RunConfig, SFTMethod
 from distill.domains.sciworld import SciWorldDomain, item_of
-from distill.domains.sciworld.episode import ChatFrame
+from distill.domains.sciworld.config import SciWorldDomainConfig
 from distill.domains.sciworld.index import IndexEntry
-from distill.domains.sciworld.play import GoldAgent, PlayConfig, handover, play
 from distill.domains.sciworld.pool import EnvPool
-from distill.methods.context import RunContext, StepLog
-from distill.methods.episodes import IGNORE, episode_example, retokenize
+from distill.episodes.data import IGNORE, episode_example, retokenize
+from distill.episodes.episode import ChatFrame
+from distill.episodes.play import handover, play
+from distill.methods.context import RunContext
 from distill.tracking.base import NullTracker
+from distill.tracking.rundir import RunDir
+from distill.tracking.steplog import StepLog
+
+from .conftest import gold
 
 pytestmark = pytest.mark.integration
 
@@ -25,15 +30,14 @@ def test_teacher_sft_on_episodes(tmp_path: Path, tiny_zoo: Any, sw_pool: EnvPool
     import torch
 
     from distill.engines.hf import HFEngine
-    from distill.methods.episodes import train_sft
+    from distill.methods.episode_sft import train as train_sft
 
-    domain_cfg = SciWorldDomainConfig(
-        tasks=["4-2"], train_size=2, eval_size=1, max_turns=2, turn_max_new_tokens=8
-    )
+    domain_cfg = SciWorldDomainConfig(tasks=["4-2"], train_size=2, eval_size=1, max_turns=2)
     config = RunConfig.model_validate(
         {
             "domain": domain_cfg.model_dump(),
             "method": SFTMethod(keep_verified_only=False).model_dump(),
+            "rollout": {"max_new_tokens": 8},
             "optim": {"lr": 1e-2, "max_steps": 1, "batch_size": 2},
             "checkpoint": {"every_steps": 0},
             "seed": 1,
@@ -46,11 +50,11 @@ def test_teacher_sft_on_episodes(tmp_path: Path, tiny_zoo: Any, sw_pool: EnvPool
     run_dir.mkdir()
     ctx = RunContext(
         config=config,
-        run_dir=run_dir,
+        run=RunDir(run_dir),
         domain=SciWorldDomain(domain_cfg, pool=sw_pool),
         student=student,
         teacher=teacher,
-        log=StepLog(run_dir, NullTracker()),
+        log=StepLog(RunDir(run_dir), NullTracker()),
     )
     train_sft(ctx)
 
@@ -84,16 +88,18 @@ def test_teacher_sft_on_episodes(tmp_path: Path, tiny_zoo: Any, sw_pool: EnvPool
     assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
 
 
-def test_retokenize_keeps_turns_and_writers(sw_pool: EnvPool, tokenizer_dirs: dict[str, Path]) -> None:
+def test_retokenize_keeps_turns_and_writers(
+    sw_domain: SciWorldDomain, tokenizer_dirs: dict[str, Path]
+) -> None:
     """Cross-family data: an episode in qwen tokens, rebuilt turn by turn in llama tokens."""
     from transformers import AutoTokenizer
 
     qwen = AutoTokenizer.from_pretrained(tokenizer_dirs["qwen"])
     llama = AutoTokenizer.from_pretrained(tokenizer_dirs["llama"])
     item = item_of(IndexEntry(index=4, task_id="4-2", task_name="find-non-living-thing", variation=4))
-    policy = handover(GoldAgent("student"), GoldAgent("teacher"), 1)
-    (ep,) = play(sw_pool, [item], policy, qwen, ChatFrame.of(qwen), PlayConfig(gold=True))
-    other = retokenize(ep, llama, ChatFrame.of(llama))
+    policy = handover(gold("student"), gold("teacher"), 1)
+    (ep,) = play(sw_domain, [item], policy, qwen, ChatFrame.of(qwen), gold=True)
+    other = retokenize(ep, llama, ChatFrame.of(llama), sw_domain.script)
     assert [w for _, _, w in other.turn_spans()] == [w for _, _, w in ep.turn_spans()]
     for (s1, e1, _), (s2, e2, _) in zip(ep.turn_spans(), other.turn_spans(), strict=True):
         assert qwen.decode(ep.ids[s1:e1], skip_special_tokens=True) == llama.decode(

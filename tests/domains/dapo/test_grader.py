@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from distill.evals.math_grader import Grade, MathGrader, extract_boxed
+from distill.domains.dapo.grader import Grade, MathGrader, extract_boxed
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,17 @@ from distill.evals.metrics import summarize
 if TYPE_CHECKING:
     from distill.config import EvalConfig
     from distill.domains.base import Domain, Item
-    from distill.engines.hf import HFEngine
+    from distill.engines.base import Engine
 
 
 @dataclass
 class EvalResult:
     metrics: dict[str, float]
     rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def named(self, benchmark: str) -> dict[str, float]:
+        """The metrics under DESIGN.md's names: `eval/<benchmark>/<metric>`."""
+        return {f"eval/{benchmark}/{k}": v for k, v in self.metrics.items()}
 
     def write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -29,7 +33,7 @@ class EvalResult:
 
 
 def evaluate(
-    engine: HFEngine,
+    engine: Engine,
     domain: Domain,
     items: list[Item],
     config: EvalConfig,
@@ -72,25 +76,3 @@ def evaluate(
             }
         )
     return EvalResult(metrics=summarize(correct, lengths, truncated, k), rows=rows)
-
-
-def training_run(model: str) -> Path | None:
-    """The run directory when `model` is one of its checkpoints (runs/<id>/checkpoints/step-N)."""
-    path = Path(model).resolve()
-    if path.parent.name == "checkpoints" and (path.parent.parent / "summary.json").exists():
-        return path.parent.parent
-    return None
-
-
-def eval_experiment(model: str, experiment: str | None) -> str:
-    """The MLflow experiment an eval is logged to: the one asked for, else the training run's
-    of a checkpoint (its eval nests under that run), else "distill"."""
-    import yaml
-
-    if experiment:
-        return experiment
-    parent = training_run(model)
-    if parent is not None and (parent / "config.yaml").exists():
-        config = yaml.safe_load((parent / "config.yaml").read_text()) or {}
-        return str((config.get("tracking") or {}).get("experiment") or "distill")
-    return "distill"

@@ -1,4 +1,4 @@
-"""One SciWorld episode as one token sequence, with who wrote each assistant turn.
+"""One episode as one token sequence, with who wrote each assistant turn.
 
 The sequence is built by concatenation, the way the model sees it while playing: the chat
 template's pieces (`ChatFrame`) around the instruction and each observation are environment
@@ -13,18 +13,10 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from distill.domains.sciworld.prompt import (
-    FIRST_REPLY,
-    INSTRUCTION,
-    INVALID_ACTION,
-    UNKNOWN_ACTION,
-    parse_action,
-)
-
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from distill.domains.base import Item
+    from distill.episodes.protocol import EpisodicDomain, Script, Task
 
 # Writer of template/instruction/observation tokens; never trained on.
 ENV = "env"
@@ -71,6 +63,11 @@ class ChatFrame:
         return cls(head=head, gen=gen, between=between, eos_text=eos if between.startswith(eos) else "")
 
 
+def frame_for(tokenizer: PreTrainedTokenizerBase, enable_thinking: bool | None) -> ChatFrame:
+    """The chat frame episodes are played in: thinking off unless the model config says on."""
+    return ChatFrame.of(tokenizer, False if enable_thinking is None else enable_thinking)
+
+
 _uids = itertools.count()
 
 
@@ -88,7 +85,7 @@ class Turn:
 
 @dataclass
 class Episode:
-    item: Item
+    item: Task
     worker: int
     # None: a text-only episode (no token sequence), e.g. to record gold trajectories.
     tokenizer: PreTrainedTokenizerBase | None
@@ -121,16 +118,19 @@ class Episode:
             return []
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def begin(self, first: str) -> None:
-        """Instruction, the fixed first reply, and the first observation (task description and
-        "look around", see `prompt.first_observation`); ready for turn 1."""
+    def begin(self, first: str, script: Script) -> None:
+        """The domain's instruction, its fixed first reply (if any), and the first observation;
+        ready for turn 1."""
         self.first_observation = first
         if self.tokenizer is None or self.frame is None:
             return
         frame = self.frame
-        self._append(self._encode(frame.head + INSTRUCTION + frame.gen), ENV)
-        reply = self._encode(FIRST_REPLY) + ([self.tokenizer.eos_token_id] if frame.eos_text else [])
-        self._append(reply, FIXED)
+        if script.first_reply is None:
+            self._append(self._encode(frame.head + script.instruction + "\n\n" + first + frame.gen), ENV)
+            return
+        self._append(self._encode(frame.head + script.instruction + frame.gen), ENV)
+        eos = [self.tokenizer.eos_token_id] if frame.eos_text else []
+        self._append(self._encode(script.first_reply) + eos, FIXED)
         self._append(self._encode(self._after_turn(True) + self.first_observation + frame.gen), ENV)
 
     def _after_turn(self, ended_with_eos: bool) -> str:
@@ -142,28 +142,31 @@ class Episode:
             return between[len(self.frame.eos_text) :]
         return between
 
-    def add_turn(self, writer: str, ids: list[int], text: str, truncated: bool) -> Turn:
+    def add_turn(self, writer: str, ids: list[int], text: str, truncated: bool, action: str | None) -> Turn:
+        """An assistant turn: its exact ids (ending in EOS unless cut at the budget) and the
+        action the domain parsed from its text (None: no action, answered by the script's
+        invalid-action feedback)."""
         self._append(list(ids), writer)
-        turn = Turn(
-            writer=writer, response=text, tokens=len(ids), truncated=truncated, action=parse_action(text)
-        )
+        turn = Turn(writer=writer, response=text, tokens=len(ids), truncated=truncated, action=action)
         turn.valid = turn.action is not None
         self.turns.append(turn)
         return turn
 
-    def add_observation(self, observation: str, last: bool) -> None:
-        """The environment's answer to the last turn; the final one is recorded, not tokenised."""
+    def add_observation(self, observation: str, last: bool, valid: bool = True) -> None:
+        """The environment's answer to the last turn; the final one is recorded, not tokenised.
+        `valid` False: the environment did not recognise the turn's action."""
         turn = self.turns[-1]
         turn.observation = observation
-        if observation.startswith(UNKNOWN_ACTION):
+        if not valid:
             turn.valid = False
         if not last and self.frame is not None:
             self._append(
                 self._encode(self._after_turn(not turn.truncated) + observation + self.frame.gen), ENV
             )
 
-    def invalid(self, last: bool) -> None:
-        self.add_observation(INVALID_ACTION, last)
+    def invalid(self, script: Script, last: bool) -> None:
+        """The answer to a turn without an action: the script's feedback, no env step."""
+        self.add_observation(script.invalid_feedback, last)
 
     # -- reading it ----------------------------------------------------------------------
     def mask(self, writers: set[str] | frozenset[str] | tuple[str, ...]) -> list[int]:
@@ -185,14 +188,15 @@ class Episode:
     def failed(self) -> bool:
         return self.error is not None
 
-    def record(self, negative_score: str = "zero") -> dict[str, Any]:
+    def record(self, domain: EpisodicDomain) -> dict[str, Any]:
+        """The episode as one JSON row (samples, eval files)."""
         return {
             "id": self.item.id,
             "task": self.item.meta.get("task_id"),
             "variation": self.item.meta.get("variation"),
             "score": self.score,
-            "reward": reward_of(self.score, negative_score),
-            "success": self.score >= 100,
+            "reward": domain.reward(self.score),
+            "success": domain.solved(self.score),
             "turns": len(self.turns),
             "writers": [t.writer for t in self.turns],
             "invalid_actions": sum(not t.valid for t in self.turns),
@@ -203,10 +207,3 @@ class Episode:
             "error": self.error,
             "actions": [t.action for t in self.turns],
         }
-
-
-def reward_of(score: int, negative_score: str = "zero") -> float:
-    """Final score / 100; a negative score (irreversible failure) is 0 unless `keep`."""
-    if score < 0 and negative_score == "zero":
-        return 0.0
-    return score / 100.0

@@ -9,20 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from distill.evals.benchmarks import (
+from distill.domains.dapo.data import (
     BOXED_INSTRUCTION,
-    PROTOCOLS,
     DataError,
     load_benchmark,
     load_hub,
     load_problems,
     problem_prompt,
 )
-from distill.evals.math_grader import MathGrader
+from distill.domains.dapo.grader import MathGrader
 
 # ../shared/data next to the checkout (override with DISTILL_SHARED_DATA); never copied in.
 SHARED = Path(
-    os.environ.get("DISTILL_SHARED_DATA", Path(__file__).resolve().parents[2].parent / "shared/data")
+    os.environ.get("DISTILL_SHARED_DATA", Path(__file__).resolve().parents[3].parent / "shared/data")
 )
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -177,6 +176,8 @@ def test_matharena_folder_missing_problem(tmp_path: Path) -> None:
 
 
 def test_problem_prompt_and_protocols() -> None:
+    from distill.evals.standalone import PROTOCOLS
+
     assert problem_prompt("  What is 2?  ") == "What is 2?" + BOXED_INSTRUCTION
     ref, opsd = PROTOCOLS["reference"], PROTOCOLS["opsd"]
     assert (ref.k, ref.temperature, ref.top_p, ref.max_new_tokens, ref.enable_thinking) == (

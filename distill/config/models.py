@@ -1,17 +1,23 @@
 """The run configuration: one pydantic model per concern, composed into `RunConfig`.
 
-Every default lives here. Presets in `configs/<domain>/<method>.yaml` and dotted CLI overrides
-(`optim.lr=1e-5`) are applied on top, then the whole thing is validated once. Nothing heavy is
-imported here: `distill --help` and config errors must stay instant.
+Every default lives here (a domain's own fields in `distill/domains/<name>/config.py`, found
+through the registry). Nothing heavy is imported here: `distill --help` and config errors must
+stay instant.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 Precision = Literal["fp32", "bf16", "fp16"]
 
@@ -19,6 +25,10 @@ Precision = Literal["fp32", "bf16", "fp16"]
 class Strict(BaseModel):
     # coerce_numbers_to_str: `tracking.run_name=2024` arrives from YAML as an int.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, coerce_numbers_to_str=True)
+
+
+class ConfigError(ValueError):
+    """A one-line, user-facing configuration error (CLI exit code 2)."""
 
 
 class ServerClientConfig(Strict):
@@ -56,111 +66,35 @@ class ModelConfig(Strict):
 
 
 class DomainBase(Strict):
-    """What every domain config has; each domain adds its own fields in its own model below."""
+    """What every domain config has; each domain's own model (`distill/domains/<name>/config.py`,
+    named in `distill/registry.py`) adds its fields."""
 
+    name: str
     train_size: int = Field(4096, ge=1)
     eval_size: int = Field(200, ge=1)
     # Eval items are drawn from a seed stream disjoint from training items.
     eval_seed: int = 1_000_003
 
 
-class RLVEDomainConfig(DomainBase):
-    name: Literal["rlve"] = "rlve"
-    # rlve-gym environment identifiers and the difficulty parameter handed to generator().
-    environments: list[str] = Field(default_factory=lambda: ["Sorting", "Multiplication"])
-    parameters: dict[str, dict[str, Any]] = Field(
-        default_factory=lambda: {"Sorting": {"N": 3}, "Multiplication": {"digit_num": 1}}
-    )
+def domain_model(name: str) -> type[DomainBase]:
+    """The config model of domain `name`, through the registry (a light pydantic module)."""
+    from distill import registry
 
-
-class SciWorldDomainConfig(DomainBase):
-    """ScienceWorld episodes in the AgentGym format (distill/domains/sciworld/)."""
-
-    name: Literal["sciworld"] = "sciworld"
-    # Episodes are slow to materialise (a gold play each): smaller sets than single-turn domains.
-    train_size: int = Field(512, ge=1)
-    eval_size: int = Field(40, ge=1)
-    # ScienceWorld task ids (env.tasks keys) of the embedded items; train items come from the
-    # simulator's train variations (and its dev variations with `train_on_dev`), eval items
-    # from its test variations. The default pair's task texts never vary: a 2-layer teacher
-    # does not read a detail back from the task text (4-2's box colour, 7-2's "shortest"),
-    # and 7-3's second focus follows from the episode going on (docs/sciworld.md).
-    tasks: list[str] = Field(default_factory=lambda: ["7-1", "7-3"])
-    train_on_dev: bool = True
-    # Insert "look around" before a gold "focus on" that follows a move: ScienceWorld's gold
-    # paths often focus on something in a room they just entered without looking, so a model
-    # imitating them would have to guess the object's name.
-    gold_look: bool = True
-    # Environment worker processes, one JVM each; episodes run in parallel across them.
-    pool_size: int = Field(2, ge=1)
-    # Heap cap of each JVM, passed as JAVA_TOOL_OPTIONS=-Xmx<java_heap>.
-    java_heap: str = Field("1g", pattern=r"^[0-9]+[kKmMgG]$")
-    max_turns: int = Field(20, ge=1)
-    # Token budget of one assistant turn.
-    turn_max_new_tokens: int = Field(64, ge=1)
-    # The simulator ends an episode after this many moves (its envStepLimit).
-    env_step_limit: int = Field(100, ge=1)
-    # A final score of -100 (irreversible failure): "zero" counts it as 0, "keep" as -100.
-    negative_score: Literal["zero", "keep"] = "zero"
-    # Seconds one reset/step may take before its worker counts as hung and is restarted.
-    step_timeout_s: float = Field(120.0, gt=0)
-    # ROSE on episodes: the student plays the first N turns, N drawn per episode from
-    # [student_turns_min, student_turns] (student_turns_min None: N fixed), then the teacher.
-    student_turns: int = Field(2, ge=0)
-    student_turns_min: int | None = Field(0, ge=0)
-
-
-class DapoDomainConfig(DomainBase):
-    """Math with a boxed final answer graded by math-verify (distill/domains/dapo/)."""
-
-    name: Literal["dapo"] = "dapo"
-    # Training problems: a hub id (e.g. BytedTsinghua-SIA/DAPO-Math-17k), a local parquet/jsonl/json
-    # file or folder (verl, RLVE or plain problem/answer rows); None: the embedded generated problems.
-    data: str | None = None
-    # Eval items: a benchmark (aime25, hmmt25, aime24) read from `eval_data` (file or folder) or
-    # its hub id; None: held-out problems of the training source.
-    eval_benchmark: str | None = None
-    eval_data: str | None = None
-    # Shuffles the loaded training problems (after deduplication by problem text).
-    seed: int = 0
-    # The embedded generator: operations per problem and the largest intermediate value.
-    min_steps: int = Field(2, ge=1)
-    max_steps: int = Field(4, ge=1)
-    max_value: int = Field(20, ge=10)
-    # math-verify worker processes and the per-item timeout of its parse/verify calls.
-    grade_workers: int = Field(2, ge=1)
-    grade_timeout_s: int = Field(5, ge=1)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> DapoDomainConfig:
-        from distill.evals.benchmarks import BENCHMARKS
-
-        if self.max_steps < self.min_steps:
-            raise ValueError(f"max_steps ({self.max_steps}) must be >= min_steps ({self.min_steps})")
-        if self.eval_benchmark is not None and self.eval_benchmark not in BENCHMARKS:
-            raise ValueError(
-                f"unknown eval_benchmark {self.eval_benchmark!r}; known: {', '.join(BENCHMARKS)}"
-            )
-        if self.eval_data is not None and self.eval_benchmark is None:
-            raise ValueError("eval_data needs eval_benchmark (the benchmark those problems are)")
-        return self
-
-
-# One model per domain, chosen by `name` (the registry key); add a domain's model to this union.
-DomainConfig = Annotated[
-    RLVEDomainConfig | SciWorldDomainConfig | DapoDomainConfig, Field(discriminator="name")
-]
-
-
-def domain_config(name: str, **fields: Any) -> DomainConfig:
-    """A domain's config from its name and fields (validated like the `domain:` section)."""
-    from pydantic import TypeAdapter
-
-    domains, _ = _known()
-    if name not in domains:
-        raise ConfigError(f"unknown domain {name!r}; known: {', '.join(domains)}")
     try:
-        return TypeAdapter(DomainConfig).validate_python({"name": name, **fields})
+        entry = registry.domain_entry(name)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    model = registry.resolve(entry.config)
+    if not (isinstance(model, type) and issubclass(model, DomainBase)):
+        raise TypeError(f"registry: {entry.config} is not a DomainBase model")
+    return model
+
+
+def domain_config(name: str, **fields: Any) -> DomainBase:
+    """A domain's config from its name and fields (validated like the `domain:` section)."""
+    model = domain_model(name)
+    try:
+        return model.model_validate({"name": name, **fields})
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, prefix="domain")) from None
 
@@ -224,18 +158,28 @@ class OPSDMethod(OnPolicyKL):
 
 
 class ROSEMethod(Strict):
-    """The student writes a prefix of K tokens (mask 0), the teacher continues it for at most
-    t tokens in the same assistant turn (mask 1), CE on the teacher's tokens only."""
+    """The student writes a prefix (mask 0), the teacher continues it (mask 1), CE on the
+    teacher's tokens only.
+
+    Single-turn domains: the prefix is K student tokens of one response and the teacher writes at
+    most t tokens in the same assistant turn. Episodic domains: the prefix is the student's first
+    N turns and the teacher writes the following turns, each of at most t tokens. A field the
+    run's domain cannot honour is refused (`RunConfig._method_fits_domain`).
+    """
 
     name: Literal["rose"] = "rose"
-    # K in student tokens; with prefix_tokens_min set, the upper end of K's range.
+    # K in student tokens; with prefix_tokens_min set, the upper end of K's range (single-turn).
     prefix_tokens: int = Field(64, ge=0)
     # Draw K uniformly from [prefix_tokens_min, prefix_tokens] per sample (capped at the student's
     # response); None: K is fixed. A fixed K never trains the first K positions, which then drift.
     prefix_tokens_min: int | None = Field(0, ge=0)
     # Cut at this fraction of the student's full response instead (overrides prefix_tokens).
     prefix_fraction: float | None = Field(None, ge=0, le=1)
-    # t: the teacher's continuation budget, in teacher tokens.
+    # N: the student's turns before the teacher takes over, with student_turns_min set the upper
+    # end of N's range, drawn per episode (episodic domains).
+    student_turns: int = Field(2, ge=0)
+    student_turns_min: int | None = Field(0, ge=0)
+    # t: the teacher's budget per assistant turn it writes, in teacher tokens.
     teacher_max_tokens: int = Field(64, ge=1)
     # Teacher sampling temperature for its continuation; 0 is greedy.
     teacher_temperature: float = Field(0.0, ge=0)
@@ -246,7 +190,18 @@ class ROSEMethod(Strict):
             raise ValueError(
                 f"prefix_tokens_min ({self.prefix_tokens_min}) is above prefix_tokens ({self.prefix_tokens})"
             )
+        if self.student_turns_min is not None and self.student_turns_min > self.student_turns:
+            raise ValueError(
+                f"student_turns_min ({self.student_turns_min}) is above student_turns ({self.student_turns})"
+            )
         return self
+
+
+# Method fields that only mean something on single-turn domains, or only on episodic ones.
+SINGLE_TURN_ONLY = {"rose": ("prefix_tokens", "prefix_tokens_min", "prefix_fraction")}
+EPISODIC_ONLY = {"rose": ("student_turns", "student_turns_min")}
+# The OPD-family losses an episodic domain supports (whole-episode scoring).
+EPISODIC_LOSSES = ("token_reward_direct", "forward_kl_topk")
 
 
 MethodConfig = Annotated[SFTMethod | OPDMethod | OPSDMethod | ROSEMethod, Field(discriminator="name")]
@@ -335,7 +290,8 @@ class TrackingConfig(Strict):
 
 
 class RunConfig(Strict):
-    domain: DomainConfig = Field(default_factory=RLVEDomainConfig)
+    # The domain's own model (registry.py), chosen by `name`; serialised with all its fields.
+    domain: SerializeAsAny[DomainBase] = Field(default_factory=lambda: domain_config("rlve"))
     method: MethodConfig = Field(default_factory=OPDMethod)
     student: ModelConfig = Field(default_factory=lambda: ModelConfig(name="zoo:student"))
     teacher: ModelConfig = Field(default_factory=lambda: ModelConfig(name="zoo:teacher"))
@@ -372,179 +328,69 @@ class RunConfig(Strict):
             data = {**data, "teacher": dict(student)}
         return data
 
+    @field_validator("domain", mode="wrap")
+    @classmethod
+    def _domain_model(cls, value: Any, handler: Any) -> Any:
+        # The union of domain models is open (one registry line adds a domain): pick the model
+        # by name, so its fields are checked and the errors point into `domain.`.
+        if isinstance(value, dict):
+            name = value.get("name", "rlve")
+            from distill import registry
+
+            try:
+                registry.domain_entry(str(name))
+            except ValueError as exc:
+                raise ValueError(str(exc)) from None
+            return domain_model(str(name)).model_validate(value)
+        return handler(value)
+
     @model_validator(mode="after")
     def _student_is_local(self) -> RunConfig:
         # The student trains in this process; only the teacher can live behind a server.
         if self.student.engine == "server":
             raise ValueError("student.engine=server is not supported: the student trains locally (engine=hf)")
-        if self.teacher.engine == "server":
-            from distill.engines.server import unsupported_reason
+        return self
 
-            reason = unsupported_reason(self)
-            if reason:
-                raise ValueError(f"teacher.engine=server: {reason}")
-        from distill.engines import vllm
+    @model_validator(mode="after")
+    def _method_fits_domain(self) -> RunConfig:
+        """A method field means one thing on every domain: one the domain cannot honour is refused.
 
-        reason = vllm.unsupported_reason(self, check_install=False)
-        if reason:
-            raise ValueError(reason)
+        A field counts as used when it differs from its default, so a saved config (every field
+        written out) loads again."""
+        from distill import registry
+
+        episodic = registry.domain_entry(self.domain.name).episodic
+        method, name = self.method, self.method.name
+        own, other = (EPISODIC_ONLY, SINGLE_TURN_ONLY) if episodic else (SINGLE_TURN_ONLY, EPISODIC_ONLY)
+        for field in other.get(name, ()):
+            if getattr(method, field) != type(method).model_fields[field].default:
+                kind = "multi-turn" if episodic else "single-turn"
+                knobs = ", ".join(f"method.{f}" for f in own.get(name, ()))
+                raise ValueError(
+                    f"method.{field} does not apply on the {kind} domain {self.domain.name}; its {name} "
+                    f"knobs are {knobs}"
+                )
+        loss = getattr(method, "loss", None)
+        if episodic and loss is not None and loss not in EPISODIC_LOSSES:
+            raise ValueError(
+                f"method.loss={loss}: on the multi-turn domain {self.domain.name} {name} supports "
+                f"{' and '.join(EPISODIC_LOSSES)}"
+            )
         return self
 
 
-class ConfigError(ValueError):
-    """A one-line, user-facing configuration error (CLI exit code 2)."""
-
-
-def _known() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    from distill.domains import REGISTRY as domains
-    from distill.methods import REGISTRY as methods
-
-    return tuple(domains), tuple(methods)
-
-
-def presets_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "configs"
-
-
-def preset_path(domain: str, method: str) -> Path:
-    return presets_dir() / domain / f"{method}.yaml"
-
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"config file {path}{where} is not valid YAML") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping at the top level")
-    return data
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    key, sep, raw = text.partition("=")
-    if not sep or not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"override {text!r} is not of the form section.key=value")
-    try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {key}: cannot parse value {raw!r}") from exc
-    return key.split("."), value
-
-
-def set_dotted(data: dict[str, Any], path: list[str], value: Any) -> None:
-    node = data
-    for i, part in enumerate(path[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {'.'.join(path)}: {'.'.join(path[: i + 1])} is not a section")
-        node = child
-    node[path[-1]] = value
-
-
-def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in top.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
+    from distill import registry
+
     parts = []
     # Union members show up in pydantic's locations as their tag (`method.opd.coef`): drop them.
-    domains, methods = _known()
-    tags = set(domains) | set(methods)
+    tags = set(registry.DOMAINS) | set(registry.METHODS)
     for err in exc.errors():
         loc = ".".join(
             ([prefix] if prefix else [])
             + [str(p) for p in err["loc"] if not (isinstance(p, str) and p in tags)]
         )
-        parts.append(f"{loc or '<root>'}: {err['msg']}")
+        # A validator's own message names its fields already ("method.x does not apply ...").
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
     return "invalid config: " + "; ".join(parts)
-
-
-def resolve_config(
-    domain: str | None = None,
-    method: str | None = None,
-    config_file: Path | None = None,
-    overrides: list[str] | None = None,
-) -> RunConfig:
-    """Schema defaults <- preset for (domain, method) <- --config file <- dotted overrides."""
-    data: dict[str, Any] = {}
-    if config_file is not None:
-        file_data = read_yaml(config_file)
-    else:
-        file_data = {}
-    parsed = [parse_override(text) for text in overrides or []]
-    # domain.name / method.name given as overrides choose the preset like --domain / --method.
-    named = {
-        ".".join(path): value for path, value in parsed if path in (["domain", "name"], ["method", "name"])
-    }
-    domain = domain or named.get("domain.name") or _dig(file_data, "domain", "name") or "rlve"
-    method = method or named.get("method.name") or _dig(file_data, "method", "name") or "opd"
-    domains, methods = _known()
-    if domain not in domains:
-        raise ConfigError(f"unknown domain {domain!r}; known: {', '.join(domains)}")
-    if method not in methods:
-        raise ConfigError(f"unknown method {method!r}; known: {', '.join(methods)}")
-    preset = preset_path(domain, method)
-    if preset.exists():
-        data = read_yaml(preset)
-    data = deep_merge(data, file_data)
-    data = deep_merge(data, {"domain": {"name": domain}, "method": {"name": method}})
-    for path, value in parsed:
-        set_dotted(data, path, value)
-    for role in ("student", "teacher"):
-        # `teacher.engine=server teacher.url=...` alone keeps the schema's default model, as any
-        # other partial override does (opsd's teacher is the student: RunConfig fills it).
-        spec = data.get(role)
-        if isinstance(spec, dict) and "name" not in spec and not (role == "teacher" and method == "opsd"):
-            spec["name"] = f"zoo:{role}"
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc)) from None
-
-
-def _dig(data: dict[str, Any], *keys: str) -> Any:
-    node: Any = data
-    for key in keys:
-        if not isinstance(node, dict):
-            return None
-        node = node.get(key)
-    return node
-
-
-def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """`{"optim": {"lr": 1e-4}}` -> `{"optim.lr": 1e-4}` (MLflow params)."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
-
-
-def dump_config(config: RunConfig, path: Path) -> None:
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-
-
-def load_run_config(path: Path) -> RunConfig:
-    try:
-        return RunConfig.model_validate(read_yaml(path))
-    except ValidationError as exc:
-        raise ConfigError(f"{path}: " + format_validation_error(exc)) from None

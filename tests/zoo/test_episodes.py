@@ -1,16 +1,21 @@
-"""The embedded agents' training rows: CE on the gold turns, or on every token of the episode."""
+"""The embedded agents of episodic domains: CE on the gold turns, or on every token of the episode
+(SciWorld's recorded gold episodes; no simulator is started)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from typing import Any
 
 import pytest
 
 from distill.domains.base import Item
-from distill.domains.sciworld.zoo import training_examples
-from distill.evals.agent import frame_for
-from distill.methods.episodes import IGNORE, replay_gold
+from distill.domains.sciworld import SciWorldDomain
+from distill.domains.sciworld.config import SciWorldDomainConfig
+from distill.episodes.data import IGNORE, replay_gold
+from distill.episodes.episode import frame_for
+from distill.zoo.episodes import training_examples
+
+SW = SciWorldDomain(SciWorldDomainConfig())
 
 # A 4-2 gold trajectory in the simulator's words (variation 198, its look-around shortened).
 STEPS = [
@@ -35,17 +40,15 @@ def item() -> Item:
     return Item(id="sciworld_3434", prompt=FIRST, answer="100", solution=json.dumps(steps), meta=meta)
 
 
-def test_turns_and_all_label_the_same_episode_differently(
-    item: Item, tokenizer_dirs: dict[str, Path]
-) -> None:
+def test_turns_and_all_label_the_same_episode_differently(item: Item, tiny_zoo: Any) -> None:
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(tokenizer_dirs["qwen"])
-    ((ids, turn_labels),) = training_examples([item], tok, "turns")
-    ((all_ids, all_labels),) = training_examples([item], tok, "all")
+    tok = AutoTokenizer.from_pretrained(tiny_zoo.tok_qwen)
+    ((ids, turn_labels),) = training_examples([item], SW, tok, "turns")
+    ((all_ids, all_labels),) = training_examples([item], SW, tok, "all")
     assert ids == all_ids
     assert all_labels == ids  # every token, the observations' echoes of the actions included
-    ep = replay_gold(item, tok, frame_for(tok, None))
+    ep = replay_gold(item, SW, tok, frame_for(tok, None))
     assert ep.ids == ids
     labelled = [i for i, label in enumerate(turn_labels) if label != IGNORE]
     assert labelled == [i for i, m in enumerate(ep.mask({"gold"})) if m]
@@ -56,21 +59,21 @@ def test_turns_and_all_label_the_same_episode_differently(
     assert "You focus on the bed." in unlabelled
     assert "You focus on" not in tok.decode([ids[i] for i in labelled])
     with pytest.raises(ValueError, match="episode_loss='env'"):
-        training_examples([item], tok, "env")
+        training_examples([item], SW, tok, "env")
 
 
 def test_corrupt_prob_inserts_one_unlabelled_slip_answered_by_invalid_action(
-    item: Item, tokenizer_dirs: dict[str, Path]
+    item: Item, tiny_zoo: Any
 ) -> None:
     from transformers import AutoTokenizer
 
     from distill.domains.sciworld.prompt import INVALID_ACTION
 
-    tok = AutoTokenizer.from_pretrained(tokenizer_dirs["qwen"])
-    ((plain_ids, _),) = training_examples([item], tok, "all")
-    assert training_examples([item], tok, "all", 0.0, 3) == [(plain_ids, plain_ids)]
+    tok = AutoTokenizer.from_pretrained(tiny_zoo.tok_qwen)
+    ((plain_ids, _),) = training_examples([item], SW, tok, "all")
+    assert training_examples([item], SW, tok, "all", 0.0, 3) == [(plain_ids, plain_ids)]
     for seed in range(4):
-        ((ids, labels),) = training_examples([item], tok, "all", 1.0, seed)
+        ((ids, labels),) = training_examples([item], SW, tok, "all", 1.0, seed)
         unlabelled = [i for i, label in enumerate(labels) if label == IGNORE]
         # One contiguous malformed turn: a gold thought cut short, ending its turn, no action.
         assert unlabelled == list(range(unlabelled[0], unlabelled[-1] + 1))
@@ -81,6 +84,6 @@ def test_corrupt_prob_inserts_one_unlabelled_slip_answered_by_invalid_action(
         assert text.count(INVALID_ACTION) == 1 and text.index(slip) < text.index(INVALID_ACTION)
         # Every gold turn is still there, in order: the slip adds a turn, it replaces none.
         assert len(ids) > len(plain_ids)
-        ((_, turn_labels),) = training_examples([item], tok, "turns", 1.0, seed)
+        ((_, turn_labels),) = training_examples([item], SW, tok, "turns", 1.0, seed)
         gold = tok.decode([t for t in turn_labels if t != IGNORE]).replace(tok.eos_token, "\n")
         assert [a for a, _ in STEPS] == [line for line in gold.split("\n") if line in {a for a, _ in STEPS}]

@@ -1,4 +1,5 @@
-"""Math problem sets: the benchmarks (AIME24/25, HMMT25) and training data (DAPO-Math-17k).
+"""Math problem sets: the benchmarks (AIME24/25, HMMT25; named in registry.py) and training data
+(DAPO-Math-17k).
 
 Everything arrives through one loader, `load_problems(source)`, from
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 import csv
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,40 +33,8 @@ _DAPO_TAIL = re.compile(r"\n\nRemember to put your answer on its own line after 
 DATA_SUFFIXES = (".json", ".jsonl", ".parquet")
 
 
-@dataclass(frozen=True)
-class Benchmark:
-    name: str
-    hub_id: str
-    split: str = "train"
-
-
-BENCHMARKS: dict[str, Benchmark] = {
-    "aime25": Benchmark("aime25", "MathArena/aime_2025"),
-    "hmmt25": Benchmark("hmmt25", "MathArena/hmmt_feb_2025"),
-    "aime24": Benchmark("aime24", "HuggingFaceH4/aime_2024"),
-}
-
 # The DAPO-Math-17k training set on the hub (verl layout).
 DAPO_HUB_ID = "BytedTsinghua-SIA/DAPO-Math-17k"
-
-
-@dataclass(frozen=True)
-class Protocol:
-    """Sampling settings of an eval protocol; a CLI flag given explicitly wins over these."""
-
-    k: int
-    temperature: float
-    top_p: float
-    max_new_tokens: int
-    enable_thinking: bool
-
-
-PROTOCOLS: dict[str, Protocol] = {
-    # rose-opd-framework.md, DAPO-Math: AIME25 / HMMT25 avg@16, thinking, temp 0.7 / top_p 0.95.
-    "reference": Protocol(k=16, temperature=0.7, top_p=0.95, max_new_tokens=31744, enable_thinking=True),
-    # opsd-self-distillation.md, AIME25 eval: --val-n 12 --max-tokens 38912 --temperature 1.0.
-    "opsd": Protocol(k=12, temperature=1.0, top_p=1.0, max_new_tokens=38912, enable_thinking=False),
-}
 
 
 class DataError(ValueError):
@@ -221,11 +189,13 @@ def load_problems(source: str | Path, prefix: str, split: str = "train") -> list
 
 
 def load_benchmark(name: str, data: str | Path | None = None) -> list[Item]:
-    """A named benchmark, from `data` (file or folder) when given, else from its hub id."""
-    try:
-        bench = BENCHMARKS[name]
-    except KeyError:
-        raise DataError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}") from None
+    """A named benchmark (registry.py), from `data` (file or folder) when given, else its hub id."""
+    from distill.registry import BENCHMARKS
+
+    bench = BENCHMARKS.get(name)
+    if bench is None or bench.domain != "dapo" or bench.hub_id is None:
+        known = [n for n, b in BENCHMARKS.items() if b.domain == "dapo"]
+        raise DataError(f"unknown benchmark {name!r}; known: {', '.join(known)}")
     items = load_problems(data if data is not None else bench.hub_id, name, bench.split)
     if not items:
         raise DataError(f"benchmark {name}: {data or bench.hub_id} holds no problems")

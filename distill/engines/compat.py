@@ -1,0 +1,70 @@
+"""Which engines a run config can use: checked by whoever resolves a config, before a run exists.
+
+The config validates names and fields on its own; whether an engine can serve a method on a
+domain is the engines' knowledge, so it lives here, below the config's callers (the CLI, the
+runner, the grid), never inside `distill.config`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING
+
+from distill.config import ConfigError
+
+if TYPE_CHECKING:
+    from distill.config import RunConfig
+
+# Methods whose student rollouts come from a TRL trainer's generation path (rollout.engine=vllm).
+TRL_ROLLOUT_METHODS = ("opd", "opsd")
+
+
+def served_teacher_reason(config: RunConfig) -> str | None:
+    """Why this run cannot use a teacher behind a server (it needs the teacher's weights in-process)."""
+    from distill import registry
+
+    method = config.method
+    if registry.domain_entry(config.domain.name).episodic:
+        return (
+            f"the episode methods on {config.domain.name} score and continue turns with the teacher's "
+            "weights in-process (use teacher.engine=hf)"
+        )
+    if method.name == "opsd":
+        return "opsd's teacher is the student's own weights; it cannot be served (use teacher.engine=hf)"
+    if getattr(method, "loss", None) == "jsd":
+        return (
+            "method.loss=jsd needs the teacher's hidden states and full vocabulary head in-process; "
+            "use forward_kl_topk (served top-k logprobs) or teacher.engine=hf"
+        )
+    return None
+
+
+def vllm_rollout_reason(config: RunConfig, check_install: bool = True) -> str | None:
+    """Why `rollout.engine=vllm` cannot run this config (None: it can). `check_install=False`
+    skips the install check: a GPU config may be written on a machine without vLLM."""
+    from distill import registry
+
+    if config.rollout.engine != "vllm":
+        return None
+    if config.method.name not in TRL_ROLLOUT_METHODS or registry.domain_entry(config.domain.name).episodic:
+        return (
+            f"rollout.engine=vllm runs through TRL's GRPO trainer, which only {', '.join(TRL_ROLLOUT_METHODS)} "
+            f"use (not {config.method.name} on {config.domain.name}); use rollout.engine=hf"
+        )
+    if check_install and importlib.util.find_spec("vllm") is None:
+        return (
+            "rollout.engine=vllm needs the vllm package in distill's own environment (a GPU machine: "
+            "`pip install vllm`); use rollout.engine=hf on CPU, or serve the teacher with `distill serve teacher`"
+        )
+    return None
+
+
+def check_config(config: RunConfig, check_install: bool = False) -> None:
+    """Raise ConfigError (one line) when the config's engines cannot run it."""
+    if config.teacher.engine == "server":
+        reason = served_teacher_reason(config)
+        if reason:
+            raise ConfigError(f"teacher.engine=server: {reason}")
+    reason = vllm_rollout_reason(config, check_install)
+    if reason:
+        raise ConfigError(reason)

@@ -1,0 +1,240 @@
+"""Playing episodes: every active episode takes its turn together, on any episodic domain.
+
+Each turn, the active episodes are grouped by the agent the policy picks for them (student,
+teacher, a scripted gold player), each agent writes its turns in one call, then every parsed
+action goes to its episode's environment slot at once (the slots step in parallel). An
+environment that fails fails its episode with a clear error; the next item goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from distill.episodes.episode import ChatFrame, Episode
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from distill.engines.base import Completion, Engine, KVCache
+    from distill.episodes.protocol import EnvReply, EnvSlots, EpisodicDomain, Task
+
+
+class Agent(Protocol):
+    writer: str
+
+    def act(self, episodes: Sequence[Episode]) -> list[Completion]: ...
+
+
+class EngineAgent:
+    """A model writing turns of at most `max_new_tokens` from the episode's own token sequence."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        writer: str,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        batch_size: int = 64,
+        reuse_cache: bool = True,
+    ) -> None:
+        self.engine = engine
+        self.writer = writer
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.batch_size = batch_size
+        # Per episode (by uid): the KV cache of its last turn. Only the new observation is
+        # prefilled each turn; batching episodes instead re-reads every whole context.
+        self.caches: dict[int, KVCache] = {}
+        self.reuse_cache = reuse_cache and engine.supports_cache
+
+    def act(self, episodes: Sequence[Episode]) -> list[Completion]:
+        if self.reuse_cache:
+            # Episodes leave an agent for good (they end, or ROSE hands them to the teacher).
+            live = {ep.uid for ep in episodes}
+            self.caches = {uid: c for uid, c in self.caches.items() if uid in live}
+            out = []
+            for ep in episodes:
+                completion, self.caches[ep.uid] = self.engine.continue_generate(
+                    ep.ids, self.caches.get(ep.uid), self.max_new_tokens, self.temperature, self.top_p
+                )
+                out.append(completion)
+            return out
+        return self.engine.generate(
+            [ep.ids for ep in episodes],
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            batch_size=self.batch_size,
+        )
+
+
+class ScriptedAgent:
+    """Plays the environment's scripted (gold) action sequence; needs `play(..., gold=True)`.
+
+    `action_text` writes an action as a response in the domain's format; `script` may rewrite
+    the action list first (a domain's own adjustments to its gold paths)."""
+
+    def __init__(
+        self,
+        action_text: Callable[[str], str],
+        writer: str = "gold",
+        script: Callable[[list[str]], list[str]] | None = None,
+        fallback: str = "look around",
+    ) -> None:
+        self.action_text = action_text
+        self.writer = writer
+        self.script = script
+        self.fallback = fallback
+
+    def act(self, episodes: Sequence[Episode]) -> list[Completion]:
+        from distill.engines.base import Completion
+
+        out = []
+        for ep in episodes:
+            gold = list(ep.gold or [])
+            if self.script is not None:
+                gold = self.script(gold)
+            action = gold[len(ep.turns)] if len(ep.turns) < len(gold) else self.fallback
+            text = self.action_text(action)
+            ids: list[int] = []
+            if ep.tokenizer is not None:
+                ids = list(ep.tokenizer(text, add_special_tokens=False)["input_ids"])
+                ids.append(ep.tokenizer.eos_token_id)
+            out.append(Completion(ids=ids, text=text, truncated=False))
+        return out
+
+
+Policy = Callable[[Episode], Agent]
+
+
+def single(agent: Agent) -> Policy:
+    return lambda ep: agent
+
+
+def handover(first: Agent, then: Agent, turns: int | Callable[[Episode], int]) -> Policy:
+    """`first` writes the first N turns, `then` the rest (ROSE); N fixed or chosen per episode."""
+
+    def pick(ep: Episode) -> Agent:
+        n = turns(ep) if callable(turns) else turns
+        return first if len(ep.turns) < n else then
+
+    return pick
+
+
+class _Table:
+    """The episodes in flight (slot -> (item position, episode)) and those done."""
+
+    def __init__(self, progress: Callable[[int], None] | None) -> None:
+        self.active: dict[int, tuple[int, Episode]] = {}
+        self.done: dict[int, Episode] = {}
+        self.progress = progress
+
+    def finish(self, slot: int | None, position: int, ep: Episode) -> None:
+        if slot is not None:
+            del self.active[slot]
+        self.done[position] = ep
+        if self.progress is not None:
+            self.progress(1)
+
+
+def play(
+    domain: EpisodicDomain,
+    items: Sequence[Task],
+    policy: Policy,
+    tokenizer: PreTrainedTokenizerBase | None,
+    frame: ChatFrame | None,
+    gold: bool = False,
+    max_turns: int | None = None,
+    on_turn: Callable[[Episode], None] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[Episode]:
+    """Play one episode per item; episodes come back in item order, failed ones with `error`.
+
+    `tokenizer` None plays text-only episodes (no token sequence); `gold` asks each reset for the
+    scripted action sequence; `max_turns` overrides the domain's turn budget."""
+    envs = domain.envs()
+    limit = max_turns if max_turns is not None else domain.max_turns
+    queue: deque[tuple[int, Task]] = deque(enumerate(items))
+    table = _Table(progress)
+    while queue or table.active:
+        starts = []
+        for slot in range(envs.size):
+            if slot not in table.active and queue:
+                starts.append((slot, *queue.popleft()))
+        if starts:
+            replies = envs.reset_many([(slot, item, gold) for slot, _, item in starts])
+            for (slot, position, item), reply in zip(starts, replies, strict=True):
+                ep = Episode(item=item, worker=slot, tokenizer=tokenizer, frame=frame)
+                if isinstance(reply, Exception):
+                    ep.error = f"reset failed: {reply}"
+                    table.finish(None, position, ep)
+                    continue
+                ep.gold = reply.gold
+                ep.score = reply.score
+                ep.begin(reply.observation, domain.script)
+                table.active[slot] = (position, ep)
+        if table.active:
+            _write_turns(domain, table, policy)
+            _step(domain, envs, table, limit, on_turn)
+    return [table.done[i] for i in range(len(items))]
+
+
+def _write_turns(domain: EpisodicDomain, table: _Table, policy: Policy) -> None:
+    """Every active episode's next assistant turn, one batched call per agent."""
+    groups: dict[int, tuple[Agent, list[int]]] = {}
+    for slot, (_, ep) in table.active.items():
+        agent = policy(ep)
+        groups.setdefault(id(agent), (agent, []))[1].append(slot)
+    for agent, slots in groups.values():
+        completions = agent.act([table.active[s][1] for s in slots])
+        if len(completions) != len(slots):
+            raise ValueError(f"agent {agent.writer} wrote {len(completions)} turns for {len(slots)} episodes")
+        for slot, comp in zip(slots, completions, strict=True):
+            action = domain.parse_action(comp.text)
+            table.active[slot][1].add_turn(agent.writer, comp.ids, comp.text, comp.truncated, action)
+
+
+def _step(
+    domain: EpisodicDomain,
+    envs: EnvSlots,
+    table: _Table,
+    limit: int,
+    on_turn: Callable[[Episode], None] | None,
+) -> None:
+    """Send every parsed action to its environment; record the observations; end episodes."""
+    requests: list[tuple[int, str]] = []
+    for slot, (position, ep) in list(table.active.items()):
+        if on_turn is not None:
+            on_turn(ep)
+        turn = ep.turns[-1]
+        last_turn = len(ep.turns) >= limit
+        if turn.action is None:
+            ep.invalid(domain.script, last=last_turn)
+            if last_turn:
+                table.finish(slot, position, ep)
+            continue
+        requests.append((slot, turn.action))
+    if not requests:
+        return
+    start = time.perf_counter()
+    replies: list[EnvReply | Exception] = envs.step_many(requests)
+    seconds = time.perf_counter() - start
+    for (slot, _), reply in zip(requests, replies, strict=True):
+        position, ep = table.active[slot]
+        ep.env_seconds += seconds
+        if isinstance(reply, Exception):
+            ep.error = f"turn {len(ep.turns)} ({ep.turns[-1].action!r}): {reply}"
+            table.finish(slot, position, ep)
+            continue
+        ep.score, ep.moves = reply.score, reply.moves
+        ep.turns[-1].score = ep.score
+        ep.done = reply.done
+        last = ep.done or len(ep.turns) >= limit
+        ep.add_observation(reply.observation, last=last, valid=reply.valid)
+        if last:
+            table.finish(slot, position, ep)

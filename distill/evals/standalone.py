@@ -1,0 +1,283 @@
+"""`distill eval`: one model on a domain's eval set or a benchmark, written and logged to MLflow.
+
+With a math benchmark (aime25, hmmt25, aime24; the dapo domain) the problems come from `data` (a
+file or folder in any layout `distill.domains.dapo.data` reads) or the benchmark's hub id, and the
+sampling settings default to an eval protocol (`reference`: the reference documents' thinking
+on, temperature 0.7, top_p 0.95, 31,744 new tokens, n=16; `opsd`: n=12, temperature 1.0, 38,912
+tokens, thinking off). Settings given explicitly win over the protocol. On an episodic domain
+the eval is one greedy episode per item with thinking off (SciWorld's AgentGym protocol:
+`benchmark="agentgym"`, at most 20 turns). A checkpoint of a run is logged as a nested MLflow
+run under that run, in the store the run was logged to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from distill.config import DomainBase
+    from distill.evals.single_turn import EvalResult
+    from distill.settings import Settings
+    from distill.tracking.rundir import RunDir
+
+
+@dataclass(frozen=True)
+class EvalProtocol:
+    """Sampling settings of an eval protocol; a setting given explicitly wins over these."""
+
+    k: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    enable_thinking: bool
+
+
+PROTOCOLS: dict[str, EvalProtocol] = {
+    # rose-opd-framework.md, DAPO-Math: AIME25 / HMMT25 avg@16, thinking, temp 0.7 / top_p 0.95.
+    "reference": EvalProtocol(k=16, temperature=0.7, top_p=0.95, max_new_tokens=31744, enable_thinking=True),
+    # opsd-self-distillation.md, AIME25 eval: --val-n 12 --max-tokens 38912 --temperature 1.0.
+    "opsd": EvalProtocol(k=12, temperature=1.0, top_p=1.0, max_new_tokens=38912, enable_thinking=False),
+}
+# The AgentGym protocol's turn budget (SciWorld).
+AGENTGYM_MAX_TURNS = 20
+
+
+@dataclass(frozen=True)
+class Sampling:
+    k: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    enable_thinking: bool | None
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """What `distill eval` was asked; None: the protocol's or the domain's default."""
+
+    model: str  # as the user named it (logged)
+    domain: str = "rlve"
+    items: int = 200
+    n: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_new_tokens: int | None = None
+    thinking: bool | None = None
+    benchmark: str | None = None
+    data: str | None = None
+    protocol: str | None = None
+    workers: int | None = None
+    experiment: str | None = None
+
+
+@dataclass
+class EvalOutcome:
+    result: EvalResult
+    benchmark: str  # the name the metrics are logged under
+    sampling: Sampling
+    source: str  # where the items came from
+    items: int
+    out: Path  # the per-item results file
+    mlflow_run_id: str
+    parent: str | None  # the training run a checkpoint belongs to
+    domain_config: DomainBase
+    episodic: bool
+
+
+def resolve_sampling(
+    protocol: str | None,
+    benchmark: str | None,
+    n: int | None,
+    temperature: float | None,
+    top_p: float | None,
+    max_new_tokens: int | None,
+    thinking: bool | None,
+) -> Sampling:
+    """Explicit settings, else the protocol's (`reference` by default with a benchmark), else the
+    embedded-default settings (greedy for n=1, 64 new tokens)."""
+    if protocol is not None and protocol not in PROTOCOLS:
+        raise ValueError(f"unknown --protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
+    proto = PROTOCOLS[protocol or "reference"] if (protocol or benchmark) else None
+    k = n if n is not None else (proto.k if proto else 1)
+    if k < 1:
+        raise ValueError(f"-n must be >= 1, got {k}")
+    if temperature is None:
+        temperature = proto.temperature if proto else (0.0 if k == 1 else 0.7)
+    return Sampling(
+        k=k,
+        temperature=temperature,
+        top_p=top_p if top_p is not None else (proto.top_p if proto else 1.0),
+        max_new_tokens=max_new_tokens
+        if max_new_tokens is not None
+        else (proto.max_new_tokens if proto else 64),
+        enable_thinking=thinking if thinking is not None else (proto.enable_thinking if proto else None),
+    )
+
+
+def episodic_sampling(req: EvalRequest) -> Sampling:
+    """An episodic domain's eval: one greedy episode per item, thinking off; checked options."""
+    if req.n not in (None, 1):
+        raise ValueError(f"-n: the {req.domain} eval plays one greedy episode per item (-n 1)")
+    if req.temperature not in (None, 0.0):
+        raise ValueError(f"--temperature: the {req.domain} eval is greedy (0)")
+    if req.thinking:
+        raise ValueError(f"--thinking: the {req.domain} eval runs with thinking off")
+    if req.protocol is not None:
+        raise ValueError(f"--protocol sets math sampling; the {req.domain} eval has its own")
+    return Sampling(1, 0.0, 1.0, req.max_new_tokens or 64, None)
+
+
+def check_request(req: EvalRequest, episodic: bool) -> None:
+    """Option combinations, checked before any model or data is touched."""
+    from distill import registry
+
+    if req.workers is not None and (not episodic or req.workers < 1):
+        raise ValueError(
+            "--workers sizes an episodic domain's environment pool (--domain sciworld), and must be >= 1"
+        )
+    if req.data is not None and req.benchmark is None:
+        raise ValueError("--data gives a benchmark's problems: use it with --benchmark")
+    if req.benchmark is not None:
+        entry = registry.BENCHMARKS.get(req.benchmark)
+        known = [name for name, b in registry.BENCHMARKS.items() if b.domain == req.domain]
+        if entry is not None and entry.domain != req.domain:
+            raise ValueError(
+                f"--benchmark {req.benchmark} is a {entry.domain} benchmark: use it with --domain {entry.domain}"
+            )
+        if entry is None:
+            raise ValueError(
+                f"unknown --benchmark {req.benchmark!r}; {req.domain}'s: {', '.join(known) or 'none'}"
+            )
+
+
+def training_run(model: str) -> RunDir | None:
+    """The run when `model` is one of its checkpoints (runs/<id>/checkpoints/step-N)."""
+    from distill.tracking.rundir import RunDir
+
+    path = Path(model).resolve()
+    run = RunDir(path.parent.parent)
+    if path.parent.name == RunDir.CHECKPOINTS and run.summary.exists():
+        return run
+    return None
+
+
+def eval_experiment(model: str, experiment: str | None) -> str:
+    """The MLflow experiment an eval is logged to: the one asked for, else the training run's
+    of a checkpoint (its eval nests under that run), else "distill"."""
+    import yaml
+
+    if experiment:
+        return experiment
+    parent = training_run(model)
+    if parent is not None and parent.config.exists():
+        config = yaml.safe_load(parent.config.read_text()) or {}
+        return str((config.get("tracking") or {}).get("experiment") or "distill")
+    return "distill"
+
+
+def eval_domain_config(req: EvalRequest, episodic: bool) -> DomainBase:
+    from distill.config import domain_config
+
+    fields: dict[str, Any] = {}
+    if req.benchmark is not None and not episodic:
+        fields = {"eval_benchmark": req.benchmark, "eval_data": req.data}
+    if episodic:
+        fields["max_turns"] = AGENTGYM_MAX_TURNS
+        if req.workers is not None:
+            fields["pool_size"] = req.workers
+    return domain_config(req.domain, **fields)
+
+
+def evaluate_model(req: EvalRequest, path: str, settings: Settings) -> EvalOutcome:
+    """Evaluate the model at `path` (the caller resolved `req.model`), write and log the result."""
+    from distill import registry
+    from distill.config import EvalConfig
+    from distill.domains import build_domain
+    from distill.engines.hf import HFEngine
+    from distill.evals import evaluator_for
+
+    episodic = registry.domain_entry(req.domain).episodic
+    if episodic and req.benchmark is None:
+        # An episodic domain's own protocol (SciWorld: AgentGym) is its eval outside a run.
+        own = [name for name, b in registry.BENCHMARKS.items() if b.domain == req.domain]
+        req = replace(req, benchmark=own[0] if own else None)
+    check_request(req, episodic)
+    sampling = (
+        episodic_sampling(req)
+        if episodic
+        else resolve_sampling(
+            req.protocol, req.benchmark, req.n, req.temperature, req.top_p, req.max_new_tokens, req.thinking
+        )
+    )
+    cfg = eval_domain_config(req, episodic)
+    if Path(path).exists() and not (Path(path) / "config.json").exists():
+        raise ValueError(f"{req.model} is not a model folder (no config.json)")
+    domain = build_domain(cfg)
+    bench = req.benchmark or req.domain
+    try:
+        if req.benchmark is not None and episodic:
+            items, source = domain.benchmark_items(req.benchmark, req.data, req.items)
+        else:
+            items = domain.eval_items()[: req.items]
+            source = f"{len(items)} items of {bench}"
+        engine = HFEngine.load(path, enable_thinking=sampling.enable_thinking)
+        eval_cfg = EvalConfig(
+            items=req.items,
+            k=sampling.k,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_new_tokens=sampling.max_new_tokens,
+        )
+        result = evaluator_for(domain)(engine, domain, items, eval_cfg, f"eval {req.model} on {bench}")
+    finally:
+        domain.close()  # worker processes (the dapo grader, simulators) stop here
+    out = settings.workspace / "evals" / f"{bench}-{Path(req.model).name}-k{sampling.k}.jsonl"
+    result.write(out)
+    run_id, parent = _log(req, bench, sampling, len(items), source, result, out, settings)
+    return EvalOutcome(result, bench, sampling, source, len(items), out, run_id, parent, cfg, episodic)
+
+
+def _log(
+    req: EvalRequest,
+    bench: str,
+    sampling: Sampling,
+    n_items: int,
+    source: str,
+    result: EvalResult,
+    out: Path,
+    settings: Settings,
+) -> tuple[str, str | None]:
+    """A (nested, for a checkpoint) MLflow run with the settings, the metrics and the result file."""
+    from distill.tracking.mlflow import open_tracker
+
+    parent = training_run(req.model)
+    tracker = open_tracker(
+        parent.tracking_uri(settings) if parent else settings.resolved_tracking_uri,
+        eval_experiment(req.model, req.experiment),
+        settings.artifact_root,
+        run_name=f"eval-{bench}-{Path(req.model).name}",
+        parent_run_id=parent.mlflow_run_id() if parent else None,
+        tags={"domain": req.domain, "model": req.model, "kind": "eval", "benchmark": bench},
+    )
+    tracker.log_params(
+        {
+            "model": req.model,
+            "benchmark": bench,
+            "data": req.data,
+            "item_source": source[:250],
+            "protocol": req.protocol or ("reference" if req.benchmark and bench != "agentgym" else None),
+            "k": sampling.k,
+            "items": n_items,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_new_tokens": sampling.max_new_tokens,
+            "enable_thinking": sampling.enable_thinking,
+        }
+    )
+    tracker.log_metrics(result.named(bench), step=0)
+    # The per-item table (all k verdicts, first responses) travels with the run.
+    tracker.log_artifact(out, "eval")
+    tracker.finish()
+    return tracker.run_id, parent.name if parent else None

@@ -1,0 +1,146 @@
+"""The online trainer ROSE and the episode methods share: a batch of item indices becomes a batch
+of fresh rollouts inside each `training_step`, from the live student.
+
+The update runs on a `transformers.Trainer`, so the optimizer, scheduler, clipping, gradient
+accumulation, checkpoints and resume are the Trainer's, and `DistillCallback` (metrics, periodic
+eval, step-N) works unchanged. TRL's SFTTrainer adds only dataset preparation these methods
+cannot use (their batch exists only after this step's rollouts); GRPOTrainer's loss is a policy
+gradient over one rollout, which a teacher's continuation cannot be spliced into.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import Trainer, TrainingArguments
+
+from distill.methods.callbacks import DistillCallback, quiet, trainer_common_args
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, TrainerControl, TrainerState
+
+    from distill.domains.base import Item
+    from distill.engines.hf import HFEngine
+    from distill.methods.context import RunContext
+
+IGNORE = -100
+
+
+class CECallback(DistillCallback):
+    """DistillCallback for methods whose trainer loss is the CE on teacher tokens (`train/ce_loss`)."""
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kw: Any,
+    ) -> None:
+        if logs and "loss" in logs:
+            self.ctx.log.add({"train/ce_loss": float(logs["loss"])})
+        super().on_log(args, state, control, logs=logs, **kw)
+
+
+class OnlineTrainer(Trainer):
+    """A Trainer whose batch of item indices is turned into rollouts inside each step."""
+
+    distill_ctx: RunContext
+    _engine: HFEngine | None = None
+    _acc_step = -1
+    _micro = 0
+
+    def live_engine(self) -> HFEngine:
+        """The live student (unwrapped) as an engine: this step's rollouts use the current weights."""
+        from distill.engines.hf import HFEngine
+
+        if self._engine is None:
+            student = self.distill_ctx.student
+            self._engine = HFEngine(live_model(self), student.tokenizer, student.enable_thinking)
+        return self._engine
+
+    def begin_micro_batch(self) -> bool:
+        """Count this micro-batch; True on the first one of an optimizer step."""
+        step = self.state.global_step
+        first = step != self._acc_step
+        if first:
+            self._acc_step, self._micro = step, 0
+        self._micro += 1
+        return first
+
+    def step_items(self, inputs: dict[str, Any]) -> list[Item]:
+        """This micro-batch's items, each repeated for `rollout.num_generations` samples."""
+        ctx = self.distill_ctx
+        n = ctx.config.rollout.num_generations
+        return [ctx.items[int(i)] for i in inputs["item_index"] for _ in range(n)]
+
+    def step_rng(self, per_micro_batch: bool = True) -> random.Random:
+        """The step's own random stream (seeded by run seed, step and micro-batch)."""
+        seed, step = self.distill_ctx.config.seed, self.state.global_step
+        if per_micro_batch:
+            return random.Random(seed * 1_000_003 + step * 1_009 + self._micro)
+        return random.Random(seed * 1_000_003 + step)
+
+    def ce_step(self, model: Any, examples: Sequence[tuple[list[int], list[int]]]) -> torch.Tensor:
+        """One CE micro-step on (input_ids, labels) rows through the Trainer's own path."""
+        batch = collate(examples, self.distill_ctx.student.tokenizer.pad_token_id)
+        return super().training_step(model, batch, None)
+
+
+def live_model(trainer: Trainer) -> PreTrainedModel:
+    """The trainer's model (unwrapped, a transformers model: distill trains no other kind)."""
+    from transformers import PreTrainedModel
+
+    model = trainer.model
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"the trainer holds a {type(model).__name__}, not a transformers model")
+    return model
+
+
+def collate(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded input_ids, attention_mask and labels (-100 on padding)."""
+    width = max(len(ids) for ids, _ in examples)
+    ids_B_T = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels_B_T = torch.full((len(examples), width), IGNORE, dtype=torch.long)
+    mask_B_T = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, (ids, labels) in enumerate(examples):
+        if len(ids) != len(labels):
+            raise ValueError(f"sample {row} has {len(ids)} tokens but {len(labels)} labels")
+        ids_B_T[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        labels_B_T[row, : len(labels)] = torch.tensor(labels, dtype=torch.long)
+        mask_B_T[row, : len(ids)] = 1
+    return {"input_ids": ids_B_T, "attention_mask": mask_B_T, "labels": labels_B_T}
+
+
+def _indices(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    # The batch is built inside training_step from the live student; the loader only picks items.
+    return {"item_index": [int(row["item_index"]) for row in rows]}
+
+
+def run_online(
+    ctx: RunContext, trainer_class: type[OnlineTrainer], callback: DistillCallback, **attrs: Any
+) -> None:
+    """Train `trainer_class` over the domain's training items, `rollout.prompts_per_step` a step;
+    `attrs` are set on the trainer before it starts (e.g. ROSE's tokenizer bridge)."""
+    from datasets import Dataset
+
+    ctx.items = ctx.domain.train_items()
+    args = TrainingArguments(
+        **trainer_common_args(ctx), per_device_train_batch_size=ctx.config.rollout.prompts_per_step
+    )
+    trainer = trainer_class(
+        model=ctx.student.model,
+        args=args,
+        train_dataset=Dataset.from_list([{"item_index": i} for i in range(len(ctx.items))]),
+        data_collator=_indices,
+        processing_class=ctx.student.tokenizer,
+        callbacks=[callback],
+    )
+    trainer.distill_ctx = ctx
+    for name, value in attrs.items():
+        setattr(trainer, name, value)
+    quiet(trainer).train(resume_from_checkpoint=str(ctx.resume_from) if ctx.resume_from else None)
+    ctx.student.model = live_model(trainer)

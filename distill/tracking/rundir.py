@@ -1,0 +1,219 @@
+"""A run directory: the one home of its file names, its summary and its tracking URI.
+
+`<workspace>/runs/<run_id>/` holds `config.yaml` (resolved), `summary.json` (status, scores, the
+MLflow run id and the tracking URI it was logged to), `metrics.jsonl`, `manifest.json`,
+`checkpoints/step-N/`, `samples/`, `eval/`, `data/`, `diagnose/`, `preflight.json` and, after a
+failure, `error.log`. Everything that reads or writes a run folder goes through `RunDir`; the
+tracking URI is resolved once, when the run is created, and read back from the summary after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from distill.config import RunConfig
+    from distill.settings import Settings
+
+
+def new_run_id(domain: str, method: str) -> str:
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{domain}-{method}-{secrets.token_hex(2)}"
+
+
+def resolve_tracking_uri(config: RunConfig, settings: Settings) -> str:
+    """The store a run is logged to: its own `tracking.uri`, else DISTILL_TRACKING_URI, else the
+    workspace's sqlite store. Resolved once at creation; readers use `RunDir.tracking_uri`."""
+    return config.tracking.uri or settings.resolved_tracking_uri
+
+
+def live_status(summary: dict[str, Any]) -> str:
+    """The recorded status, except RUNNING by a process that no longer exists reads DIED."""
+    status = str(summary.get("status", "?"))
+    pid = summary.get("pid")
+    if status == "RUNNING" and isinstance(pid, int):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return "DIED"  # killed without a chance to record it; `distill run --resume` continues it
+        except PermissionError:
+            pass
+    return status
+
+
+class RunDir:
+    """One run's folder. Paths are attributes; the folder may not exist yet (`create`)."""
+
+    CONFIG = "config.yaml"
+    SUMMARY = "summary.json"
+    METRICS = "metrics.jsonl"
+    MANIFEST = "manifest.json"
+    PREFLIGHT = "preflight.json"
+    ERROR_LOG = "error.log"
+    CHECKPOINTS = "checkpoints"
+    SAMPLES = "samples"
+    EVAL = "eval"
+    DATA = "data"
+    DIAGNOSE = "diagnose"
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    # -- where things are -----------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def config(self) -> Path:
+        return self.path / self.CONFIG
+
+    @property
+    def summary(self) -> Path:
+        return self.path / self.SUMMARY
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / self.METRICS
+
+    @property
+    def manifest(self) -> Path:
+        return self.path / self.MANIFEST
+
+    @property
+    def preflight(self) -> Path:
+        return self.path / self.PREFLIGHT
+
+    @property
+    def error_log(self) -> Path:
+        return self.path / self.ERROR_LOG
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / self.CHECKPOINTS
+
+    @property
+    def samples(self) -> Path:
+        return self.path / self.SAMPLES
+
+    @property
+    def eval(self) -> Path:
+        return self.path / self.EVAL
+
+    @property
+    def data(self) -> Path:
+        return self.path / self.DATA
+
+    @property
+    def diagnose(self) -> Path:
+        return self.path / self.DIAGNOSE
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f"step-{step}"
+
+    def is_run(self) -> bool:
+        return self.config.exists()
+
+    # -- finding and creating ---------------------------------------------------------------
+    @classmethod
+    def create(cls, runs_dir: Path, run_id: str) -> RunDir:
+        run = cls(runs_dir / run_id)
+        if run.path.exists():
+            raise ValueError(f"run directory {run.path} already exists; pick another tracking.run_name")
+        run.path.mkdir(parents=True)
+        return run
+
+    @classmethod
+    def find(cls, settings: Settings, ref: str) -> RunDir:
+        """A run by id, by unique id prefix, or by path."""
+        runs_dir = settings.runs_dir
+        for candidate in (Path(ref), runs_dir / ref):
+            if (candidate / cls.CONFIG).exists():
+                return cls(candidate)
+        matches = sorted(runs_dir.glob(f"{ref}*")) if runs_dir.exists() else []
+        matches = [m for m in matches if (m / cls.CONFIG).exists()]
+        if len(matches) == 1:
+            return cls(matches[0])
+        if len(matches) > 1:
+            raise ValueError(f"run {ref!r} is ambiguous: {', '.join(m.name for m in matches[:5])}")
+        raise ValueError(f"no run {ref!r} under {runs_dir}")
+
+    @classmethod
+    def all(cls, settings: Settings) -> list[RunDir]:
+        """Every run under the workspace, in name order."""
+        runs_dir = settings.runs_dir
+        if not runs_dir.exists():
+            return []
+        return [cls(p) for p in sorted(runs_dir.iterdir()) if (p / cls.CONFIG).exists()]
+
+    # -- the records ----------------------------------------------------------------------
+    def read_summary(self) -> dict[str, Any]:
+        return json.loads(self.summary.read_text()) if self.summary.exists() else {}
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        self._replace(self.summary, json.dumps(summary, indent=2))
+
+    def tracking_uri(self, settings: Settings) -> str:
+        """The store this run was logged to (recorded at creation), else today's default."""
+        uri = self.read_summary().get("tracking_uri")
+        return str(uri) if uri else settings.resolved_tracking_uri
+
+    def mlflow_run_id(self) -> str | None:
+        run_id = self.read_summary().get("mlflow_run_id")
+        return str(run_id) if run_id else None
+
+    def read_config(self) -> RunConfig:
+        from distill.config import load_run_config
+
+        return load_run_config(self.config)
+
+    def read_manifest(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.manifest.read_text())
+        except FileNotFoundError:
+            raise ValueError(
+                f"{self.manifest} is missing (the run never got past loading its models?)"
+            ) from None
+        except ValueError as exc:
+            raise ValueError(f"{self.manifest} is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{self.manifest} must hold a JSON object")
+        return data
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        # Replaced, never written into: an archived manifest may be a hardlink into the DVC cache.
+        self._replace(self.manifest, json.dumps(manifest, indent=2))
+
+    def last_checkpoint(self) -> Path | None:
+        """The newest complete `checkpoints/step-N` (renamed into place only once fully written)."""
+        if not self.checkpoints.exists():
+            return None
+        steps = []
+        for child in self.checkpoints.iterdir():
+            if child.is_dir() and child.name.startswith("step-") and child.name[5:].isdigit():
+                steps.append((int(child.name[5:]), child))
+        return max(steps)[1] if steps else None
+
+    def trim_metrics(self, last_step: int) -> None:
+        """On resume, drop metric lines past the checkpoint: those steps are trained again."""
+        if not self.metrics.exists():
+            return
+        kept = [
+            line
+            for line in self.metrics.read_text().splitlines()
+            if line and json.loads(line)["step"] <= last_step
+        ]
+        self._replace(self.metrics, "".join(line + "\n" for line in kept))
+
+    def _replace(self, path: Path, text: str) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
