@@ -43,40 +43,77 @@ def build_run(root: Path, steps: int = STEPS) -> Path:
     config["optim"]["max_steps"] = steps
     config["eval"]["k"] = 8
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    (run_dir / "summary.json").write_text(json.dumps({
-        "run_id": run_dir.name, "status": "FINISHED", "domain": "rlve", "method": "rose", "steps": steps,
-        "student": "zoo:student", "teacher": "zoo:teacher",
-    }))
+    (run_dir / "summary.json").write_text(
+        json.dumps(
+            {
+                "run_id": run_dir.name,
+                "status": "FINISHED",
+                "domain": "rlve",
+                "method": "rose",
+                "steps": steps,
+                "student": "zoo:student",
+                "teacher": "zoo:teacher",
+            }
+        )
+    )
     rng = random.Random(0)
     with (run_dir / "metrics.jsonl").open("w") as fh:
         for s in range(1, steps + 1):
             decay = math.exp(-s / 1500)
             row = {
-                "step": s, "train/loss": 0.9 + decay + rng.gauss(0, 0.02), "train/ce_loss": 0.9 + decay,
-                "train/grad_norm": 0.2 + 2 * decay + abs(rng.gauss(0, 0.05)), "train/lr": 1e-6,
-                "perf/step_time_s": 30 + rng.random(), "perf/tokens_per_s": 5000 + rng.random() * 100,
-                "perf/gen_time_s": 20.0, "perf/teacher_time_s": 8.0, "perf/train_time_s": 2.0,
+                "step": s,
+                "train/loss": 0.9 + decay + rng.gauss(0, 0.02),
+                "train/ce_loss": 0.9 + decay,
+                "train/grad_norm": 0.2 + 2 * decay + abs(rng.gauss(0, 0.05)),
+                "train/lr": 1e-6,
+                "perf/step_time_s": 30 + rng.random(),
+                "perf/tokens_per_s": 5000 + rng.random() * 100,
+                "perf/gen_time_s": 20.0,
+                "perf/teacher_time_s": 8.0,
+                "perf/train_time_s": 2.0,
                 "student/completion_tokens_mean": 16000 + rng.random() * 2600,
-                "student/completion_tokens_max": 31744.0, "student/truncation_rate": 0.05 + 0.2 * s / steps,
-                "student/prefix_tokens_mean": 1024.0, "student/accuracy": 0.3 + rng.random() * 0.1,
-                "teacher/ce_target_tokens_mean": 980.0, "teacher/ce_target_tokens_max": 1016.0,
-                "teacher/ce_target_share": 0.94 + rng.random() * 0.05, "teacher/truncation_rate": 0.95,
-                "coverage/supervised_share": 0.06, "kl/reverse_kl_mean": 0.1 * decay,
+                "student/completion_tokens_max": 31744.0,
+                "student/truncation_rate": 0.05 + 0.2 * s / steps,
+                "student/prefix_tokens_mean": 1024.0,
+                "student/accuracy": 0.3 + rng.random() * 0.1,
+                "teacher/ce_target_tokens_mean": 980.0,
+                "teacher/ce_target_tokens_max": 1016.0,
+                "teacher/ce_target_share": 0.94 + rng.random() * 0.05,
+                "teacher/truncation_rate": 0.95,
+                "coverage/supervised_share": 0.06,
+                "kl/reverse_kl_mean": 0.1 * decay,
             }
             fh.write(json.dumps(row) + "\n")
             if s % 500 == 0 or s == 1:
                 step = 0 if s == 1 else s
                 avg = 0.65 - 0.05 * step / steps
-                metrics = {"avg@8": avg, "pass@8": 0.8 + 0.03 * step / steps, "pass@1": avg,
-                           "solved": 160.0, "truncation_rate": 0.1 + 0.1 * step / steps}
-                fh.write(json.dumps({"step": step, **{f"eval/aime25/{k}": v for k, v in metrics.items()}}) + "\n")
-                rows = [{"id": f"p{i}", "correct": rng.randint(0, 8), "k": 8, "responses": ["..."], "truncated": 0}
-                        for i in range(200)]
+                metrics = {
+                    "avg@8": avg,
+                    "pass@8": 0.8 + 0.03 * step / steps,
+                    "pass@1": avg,
+                    "solved": 160.0,
+                    "truncation_rate": 0.1 + 0.1 * step / steps,
+                }
+                fh.write(
+                    json.dumps({"step": step, **{f"eval/aime25/{k}": v for k, v in metrics.items()}}) + "\n"
+                )
+                rows = [
+                    {
+                        "id": f"p{i}",
+                        "correct": rng.randint(0, 8),
+                        "k": 8,
+                        "responses": ["..."],
+                        "truncated": 0,
+                    }
+                    for i in range(200)
+                ]
                 (run_dir / "eval" / f"step-{step}.jsonl").write_text(
-                    "\n".join(json.dumps(r) for r in [{"metrics": metrics}, *rows]) + "\n")
+                    "\n".join(json.dumps(r) for r in [{"metrics": metrics}, *rows]) + "\n"
+                )
             if s % 10 == 0:
                 (run_dir / "samples" / f"step-{s}.jsonl").write_text(
-                    json.dumps({"student": "... \\boxed{42}", "truncated": False}) + "\n")
+                    json.dumps({"student": "... \\boxed{42}", "truncated": False}) + "\n"
+                )
     return run_dir
 
 
@@ -91,8 +128,12 @@ def time_cli(workspace: Path, args: list[str], repeats: int, cpu: list[float] | 
     for _ in range(repeats):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "distill", "diagnose", "bench-10k", "--no-mlflow", *args],
-                              env=env, capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "distill", "diagnose", "bench-10k", "--no-mlflow", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         times.append(time.perf_counter() - start)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if cpu is not None:
@@ -120,8 +161,10 @@ def main() -> None:
             cpu: list[float] = []
             times = time_cli(workspace, extra, args.repeats, cpu)
             medians[label] = statistics.median(times)
-            print(f"distill diagnose ({label}): wall median {medians[label]:.2f} s (min {min(times):.2f}), "
-                  f"CPU median {statistics.median(cpu):.2f} s, over {len(times)} runs")
+            print(
+                f"distill diagnose ({label}): wall median {medians[label]:.2f} s (min {min(times):.2f}), "
+                f"CPU median {statistics.median(cpu):.2f} s, over {len(times)} runs"
+            )
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     worst = medians["with plots"]
     print(f"target < {TARGET_S:.0f} s wall: {'PASS' if worst < TARGET_S else 'FAIL'}")

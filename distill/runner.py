@@ -13,7 +13,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,8 +45,10 @@ def execute(
     argv: list[str] | None = None,
     resume: str | None = None,
     say: Say = print,
+    callbacks: Sequence[Any] = (),
 ) -> dict[str, Any]:
-    """Run `config` (or continue run `resume` from its last checkpoint); returns its summary."""
+    """Run `config` (or continue run `resume` from its last checkpoint); returns its summary.
+    `callbacks`: extra transformers TrainerCallbacks for the method's trainer."""
     from distill.engines.compat import check_config
 
     # Under `accelerate launch` every process runs this: rank 0 owns the run dir and MLflow run.
@@ -92,7 +94,9 @@ def execute(
     launch.broadcast((str(run.path), str(resume_from) if resume_from else None))
     domains: list[Domain] = []  # closed below, also on error / Ctrl-C: a domain may hold simulators
     try:
-        _train_and_evaluate(Job(config, settings, run, tracker, summary, resume_from, argv, say), domains)
+        _train_and_evaluate(
+            Job(config, settings, run, tracker, summary, resume_from, argv, say, callbacks), domains
+        )
     except BaseException as exc:
         status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
         # A SIGTERM from the launcher can surface wrapped (e.g. inside a lazy import): name it.
@@ -127,6 +131,7 @@ class Job:
     resume_from: Path | None
     argv: list[str]
     say: Say
+    callbacks: Sequence[Any] = ()
 
 
 def _diagnose_at_end(run: RunDir, tracker: Tracker, summary: dict[str, Any], say: Say) -> None:
@@ -240,6 +245,7 @@ def _train_and_evaluate(job: Job, domains: list[Domain]) -> None:
     start = time.time()
     train, domain, student, teacher = _prepare(config, job.settings)
     domains.append(domain)
+    _check_budgets(config, domain, student, teacher, summary, say)
     _preflight(config, domain, student, teacher, say)
     run.write_manifest(build_manifest(config, job.argv, tracker.run_id, student, teacher))
     tracker.log_artifact(run.config)
@@ -261,7 +267,9 @@ def _train_and_evaluate(job: Job, domains: list[Domain]) -> None:
         live = HFEngine(model, student.tokenizer, student.enable_thinking)
         return evaluate(live, f"eval: step {step}", step, "")
 
-    ctx = RunContext(config, run, domain, student, teacher, log, job.resume_from, evaluate_student)
+    ctx = RunContext(
+        config, run, domain, student, teacher, log, job.resume_from, evaluate_student, callbacks=job.callbacks
+    )
     say(f"training: {config.method.name} for {config.optim.max_steps} steps")
     train(ctx)
     student = ctx.student
@@ -292,6 +300,20 @@ def _run_eval(job: Job, domain: Domain, log: Any) -> Callable[[Engine, str, int,
         return result
 
     return run_eval
+
+
+def _check_budgets(
+    config: RunConfig, domain: Domain, student: Engine, teacher: Engine, summary: dict[str, Any], say: Say
+) -> None:
+    """Token budgets against the models' contexts (engines/context.py): capped with a warning,
+    kept in summary.json, or a one-line error before anything is generated."""
+    from distill.methods.budget import context_checks
+
+    warnings = [w for check in context_checks(config, domain, student, teacher) if (w := check.warning())]
+    for warning in warnings:
+        say(f"warning: {warning}")
+    if warnings:
+        summary["warnings"] = warnings
 
 
 def _preflight(config: RunConfig, domain: Domain, student: HFEngine, teacher: Engine, say: Say) -> str | None:

@@ -18,6 +18,7 @@ from distill.domains.rlve.config import RLVEDomainConfig  # noqa: E402
 from distill.zoo.recipes import ModelRecipe, TokenizerRecipe  # noqa: E402
 
 # Small enough to build in seconds; the default recipes are exercised by the README command.
+# 4096 positions: a SciWorld episode in these 400-token vocabularies runs past 1024 by turn 2.
 TINY_RECIPES = {
     "tok-qwen": TokenizerRecipe(family="qwen", vocab_size=400),
     "tok-llama": TokenizerRecipe(family="llama", vocab_size=450),
@@ -33,6 +34,7 @@ TINY_RECIPES = {
         lr=3e-3,
         batch_size=16,
         warmup_steps=5,
+        max_positions=4096,
     ),
     # The other tokenizer family: the cross-family pair with "student".
     "teacher-llama": ModelRecipe(
@@ -47,6 +49,7 @@ TINY_RECIPES = {
         lr=3e-3,
         batch_size=16,
         warmup_steps=5,
+        max_positions=4096,
     ),
     "student": ModelRecipe(
         arch="qwen3",
@@ -61,6 +64,7 @@ TINY_RECIPES = {
         batch_size=16,
         data_items=64,
         warmup_steps=5,
+        max_positions=4096,
     ),
 }
 
@@ -107,3 +111,27 @@ def tiny_zoo(tmp_path_factory: pytest.TempPathFactory, _workspace: Path) -> Tiny
         tok_llama=build("tok-llama"),
         teacher_llama=build("teacher-llama"),
     )
+
+
+@dataclass(frozen=True)
+class RealShape:
+    """Qwen's real vocabulary (151,936 rows) and Qwen3's real template at tiny width, random weights."""
+
+    root: Path
+    tokenizer: Path
+    student: Path
+    teacher: Path
+
+
+@pytest.fixture(scope="session")
+def real_shape(tmp_path_factory: pytest.TempPathFactory, _workspace: Path) -> RealShape:
+    from distill.zoo.build import ensure_built
+    from distill.zoo.recipes import RECIPES
+
+    root = tmp_path_factory.mktemp("zoo-qwen3")
+    domain = tiny_domain()
+
+    def build(name: str) -> Path:
+        return ensure_built(root, name, domain, show_progress=False, recipes=RECIPES)
+
+    return RealShape(root, build("tok-qwen3"), build("student-qwen3"), build("teacher-qwen3"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import typer
+
 if TYPE_CHECKING:
     from rich.table import Table
 
@@ -22,7 +24,7 @@ def eval_command(req: EvalRequest) -> EvalOutcome:
     try:
         # The model is resolved against the plain domain: a zoo build evaluates on its own items.
         path = resolve_model(req.model, domain_config(req.domain), settings)
-        outcome = evaluate_model(req, path, settings)
+        outcome = evaluate_model(req, path, settings, say=lambda line: typer.echo(line, err=True))
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
     if outcome.episodic:

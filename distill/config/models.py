@@ -237,6 +237,9 @@ class RolloutConfig(Strict):
     vllm_server_url: str | None = None
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
     vllm_tensor_parallel_size: int = Field(1, ge=1)
+    # opd: the teacher scores step i's rollouts while the student generates step i+1's and trains
+    # on step i's (one step stale; the teacher behind a server, or in a worker process for hf).
+    async_teacher: bool = False
 
     @model_validator(mode="after")
     def _vllm_server_needs_url(self) -> RolloutConfig:

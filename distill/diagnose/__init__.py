@@ -19,7 +19,7 @@ Rule = Callable[[RunRecord], list[Finding]]
 
 
 def all_rules() -> list[Rule]:
-    from distill.diagnose import outcomes, precision
+    from distill.diagnose import outcomes, precision, speed
     from distill.diagnose import rules as budget
 
     return [
@@ -35,6 +35,8 @@ def all_rules() -> list[Rule]:
         outcomes.teacher_gap,
         budget.plateau,
         outcomes.early_reward,
+        speed.teacher_time,
+        speed.tracking_time,
     ]
 
 

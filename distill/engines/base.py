@@ -85,6 +85,87 @@ class KVCache:
     ids: list[int]
 
 
+@dataclass(frozen=True)
+class TokenScores:
+    """Per-token log-probabilities of a batch of completions, right-padded [B, T]: the layout the
+    trainers hold completions in. Row i has `len(completion_i)` values, then zeros; `mask_B_T`
+    marks the real ones. They stay tensors on the engine's device from engine to loss."""
+
+    logprobs_B_T: torch.Tensor
+    mask_B_T: torch.Tensor
+    # With `score(..., top_k=k)`: the model's own top-k ids and logprobs at each position [B, T, k].
+    topk_ids_B_T_K: torch.Tensor | None = None
+    topk_logprobs_B_T_K: torch.Tensor | None = None
+    # With `HFEngine.score(..., states=True)`: the final hidden states at each completion
+    # position [B, T, H] (a full-vocabulary loss applies the head to them per chunk).
+    states_B_T_H: torch.Tensor | None = None
+
+    def lengths(self) -> list[int]:
+        return [int(n) for n in self.mask_B_T.sum(dim=1).tolist()]
+
+    def rows(self) -> list[list[float]]:
+        """Per-row Python lists, for display and tests (the data path stays tensors)."""
+        return [row[mask].tolist() for row, mask in zip(self.logprobs_B_T, self.mask_B_T.bool(), strict=True)]
+
+    def to(self, device: torch.device | str) -> TokenScores:
+        return self._map(lambda t: t.to(device))
+
+    def widened(self, width: int) -> TokenScores:
+        """The same scores right-padded to `width` positions (a trainer's batch may be wider)."""
+        import torch
+
+        have = self.logprobs_B_T.shape[1]
+        if have > width:
+            raise ValueError(f"scores cover {have} completion positions but the batch has {width}")
+
+        return self._map(lambda t: torch.nn.functional.pad(t, [0, 0] * (t.dim() - 2) + [0, width - have]))
+
+    def topk(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, logprobs) [B, T, k] of a `score(..., top_k=k)` call."""
+        if self.topk_ids_B_T_K is None or self.topk_logprobs_B_T_K is None:
+            raise ValueError("these scores were computed without top_k")
+        return self.topk_ids_B_T_K, self.topk_logprobs_B_T_K
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> TokenScores:
+        ids, logps, states = self.topk_ids_B_T_K, self.topk_logprobs_B_T_K, self.states_B_T_H
+        return TokenScores(
+            fn(self.logprobs_B_T),
+            fn(self.mask_B_T),
+            None if ids is None else fn(ids),
+            None if logps is None else fn(logps),
+            None if states is None else fn(states),
+        )
+
+    def check(self, completion_ids: Sequence[Sequence[int]], who: str) -> None:
+        """Exactly one logprob per completion token in every row: a mismatch is an error, never a cut."""
+        lengths = self.lengths()
+        if len(lengths) != len(completion_ids):
+            raise ValueError(
+                f"length mismatch: {len(completion_ids)} samples but {len(lengths)} {who} logprob rows"
+            )
+        for i, (n, row) in enumerate(zip(lengths, completion_ids, strict=True)):
+            if n != len(row):
+                raise ValueError(f"length mismatch in sample {i}: {len(row)} tokens but {n} {who} logprobs")
+
+
+def right_pad(
+    rows: Sequence[Sequence[int]], pad_id: int, width: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows as right-padded [B, T] ids and mask (T = the longest row, or `width`)."""
+    import torch
+
+    width = max((len(r) for r in rows), default=0) if width is None else width
+    ids_B_T = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask_B_T = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if len(row) > width:
+            raise ValueError(f"row {i} has {len(row)} tokens, more than the width {width}")
+        if row:
+            ids_B_T[i, : len(row)] = torch.tensor(list(row), dtype=torch.long)
+            mask_B_T[i, : len(row)] = 1
+    return ids_B_T, mask_B_T
+
+
 class Engine(Protocol):
     """A model behind one interface: rollouts, teacher scoring, continuation, its EOS ids."""
 
@@ -92,6 +173,11 @@ class Engine(Protocol):
     enable_thinking: bool | None
     # continue_generate reuses a per-sequence KV cache (multi-turn play prefills only new tokens).
     supports_cache: bool
+
+    @property
+    def context(self) -> int | None:
+        """The positions the model takes (prompt + response); None when it does not say."""
+        ...
 
     @property
     def eos_ids(self) -> set[int]: ...
@@ -124,19 +210,38 @@ class Engine(Protocol):
         top_p: float = 1.0,
     ) -> tuple[Completion, KVCache]: ...
 
+    def continue_many(
+        self,
+        rows: Sequence[Sequence[int]],
+        caches: Sequence[KVCache | None],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+    ) -> list[tuple[Completion, KVCache]]:
+        """`continue_generate` for many sequences at once (concurrent episodes' turns)."""
+        ...
+
     def score(
         self,
         prompt_ids: Sequence[Sequence[int]],
         completion_ids: Sequence[Sequence[int]],
-        batch_size: int = 64,
-    ) -> list[list[float]]: ...
+        batch_size: int | None = None,
+        top_k: int = 0,
+    ) -> TokenScores:
+        """Log-probability of every completion token given its prompt and the tokens before it;
+        with `top_k`, also the model's top-k at each position, from the same pass."""
+        ...
 
     def score_topk(
         self,
         prompt_ids: Sequence[Sequence[int]],
         completion_ids: Sequence[Sequence[int]],
         k: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+        batch_size: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's top-k ids and logprobs at every completion position, [B, T, k], right-padded
+        (id 0, logprob 0 past a row's end)."""
+        ...
 
     def describe(self) -> dict[str, Any]:
         """What the run manifest records about this engine's model."""

@@ -59,12 +59,28 @@ def vllm_rollout_reason(config: RunConfig, check_install: bool = True) -> str | 
     return None
 
 
+def async_teacher_reason(config: RunConfig) -> str | None:
+    """Why `rollout.async_teacher=true` cannot run this config (None: it can)."""
+    from distill import registry
+
+    if not config.rollout.async_teacher:
+        return None
+    if config.method.name != "opd" or registry.domain_entry(config.domain.name).episodic:
+        return (
+            f"rollout.async_teacher: only opd on single-turn domains scores a separate teacher per step "
+            f"(not {config.method.name} on {config.domain.name}); drop it"
+        )
+    if config.optim.grad_accum != 1:
+        return "rollout.async_teacher: needs optim.grad_accum=1 (one generation per optimizer step)"
+    return None
+
+
 def check_config(config: RunConfig, check_install: bool = False) -> None:
     """Raise ConfigError (one line) when the config's engines cannot run it."""
     if config.teacher.engine == "server":
         reason = served_teacher_reason(config)
         if reason:
             raise ConfigError(f"teacher.engine=server: {reason}")
-    reason = vllm_rollout_reason(config, check_install)
+    reason = vllm_rollout_reason(config, check_install) or async_teacher_reason(config)
     if reason:
         raise ConfigError(reason)

@@ -6,17 +6,20 @@ tokens, writing teacher trajectories). Lengths are checked, never silently cut.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distill.engines.base import ChatPrompts, Completion, KVCache
+from distill.engines.base import ChatPrompts, Completion, KVCache, TokenScores, right_pad
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# Tokens (rows x width) per scoring pass: the decoder's [rows, tokens, hidden] states are its
+# working set, so long rows go a few at a time and the short rows of the embedded default at once.
+SCORE_TOKENS = 32_768
 
 
 def _sampling(temperature: float, top_p: float) -> dict[str, Any]:
@@ -64,6 +67,13 @@ class HFEngine(ChatPrompts):
                 model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         model.eval()
         return cls(model, tokenizer, enable_thinking)
+
+    @property
+    def context(self) -> int | None:
+        """The positions the model was built for (prompt + response must fit in them)."""
+        from distill.engines.context import context_length
+
+        return context_length(self.model)
 
     def describe(self) -> dict[str, Any]:
         model = self.model
@@ -120,15 +130,23 @@ class HFEngine(ChatPrompts):
         if suppress_tokens:
             before = self.model.generation_config.suppress_tokens or []
             suppress["suppress_tokens"] = sorted(set(before) | set(suppress_tokens))
+        from distill.engines.context import ContextError, room
+
         out: list[Completion] = []
         for start in range(0, len(prompt_ids), batch_size):
             chunk = prompt_ids[start : start + batch_size]
             ids, mask = self.left_pad(chunk)
+            # The context policy (engines/context.py): capped at the room the longest prompt leaves.
+            budget = room(self.context, ids.shape[1], max_new_tokens)
+            if budget < 1:
+                raise ContextError(
+                    f"a prompt of {ids.shape[1]} tokens fills the model's {self.context} positions"
+                )
             with torch.inference_mode():
                 generated = self.model.generate(  # type: ignore[operator]  # transformers types generate() as a Tensor | Module attribute
                     input_ids=ids.to(self.model.device),
                     attention_mask=mask.to(self.model.device),
-                    max_new_tokens=max_new_tokens,
+                    max_new_tokens=budget,
                     pad_token_id=self.tokenizer.pad_token_id,
                     eos_token_id=sorted(eos),
                     **_sampling(temperature, top_p),
@@ -155,7 +173,12 @@ class HFEngine(ChatPrompts):
         """
         import torch
 
+        from distill.engines.context import room
+
         ids = list(ids)
+        budget = room(self.context, len(ids), max_new_tokens)
+        if budget < 1:  # the context is full: the turn is cut before it starts, and counts as truncated
+            return Completion(ids=[], text="", truncated=True), cache or KVCache(None, [])
         past = None
         if cache is not None and len(cache.ids) < len(ids) and ids[: len(cache.ids)] == cache.ids:
             past = cache.past
@@ -166,7 +189,7 @@ class HFEngine(ChatPrompts):
                 input_ids=input_ids,
                 attention_mask=torch.ones_like(input_ids),
                 cache=past,
-                max_new_tokens=max_new_tokens,
+                max_new_tokens=budget,
                 pad_token_id=self.tokenizer.pad_token_id,
                 eos_token_id=sorted(eos),
                 return_dict_in_generate=True,
@@ -177,44 +200,103 @@ class HFEngine(ChatPrompts):
         seen = ids + row
         return self.completion(row, eos), KVCache(out.cache, seen[: out.cache.get_seq_length()])
 
+    def continue_many(
+        self,
+        rows: Sequence[Sequence[int]],
+        caches: Sequence[KVCache | None],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+    ) -> list[tuple[Completion, KVCache]]:
+        """`continue_generate` for many sequences in one batch, each from its own cache
+        (engines/batched.py); rows whose context is full come back empty and truncated."""
+        from distill.engines.batched import continue_many
+        from distill.engines.context import room
+
+        budgets = [room(self.context, len(ids), max_new_tokens) for ids in rows]
+        results: list[tuple[Completion, KVCache] | None] = [
+            None if b >= 1 else (Completion(ids=[], text="", truncated=True), c or KVCache(None, []))
+            for b, c in zip(budgets, caches, strict=True)
+        ]
+        live = [i for i, r in enumerate(results) if r is None]
+        if live:
+            batch = continue_many(
+                self,
+                [rows[i] for i in live],
+                [caches[i] for i in live],
+                [budgets[i] for i in live],
+                temperature,
+                top_p,
+            )
+            if batch is None:  # a cache kind that cannot be stacked: one row at a time
+                batch = [
+                    self.continue_generate(rows[i], caches[i], max_new_tokens, temperature, top_p)
+                    for i in live
+                ]
+            for i, result in zip(live, batch, strict=True):
+                results[i] = result
+        return [r for r in results if r is not None]
+
     def score(
         self,
         prompt_ids: Sequence[Sequence[int]],
         completion_ids: Sequence[Sequence[int]],
-        batch_size: int = 64,
+        batch_size: int | None = None,
         top_k: int = 0,
-    ) -> list[list[float]]:
-        """Log-probability of each completion token given its prompt and the tokens before it.
-
-        Returns one list per row with exactly `len(completion_ids[i])` entries.
-        """
+        states: bool = False,
+    ) -> TokenScores:
+        """Log-probability of every completion token given its prompt (and, with `top_k`, the
+        model's top-k there; with `states`, its final hidden states there), right-padded [B, T]
+        tensors on the model's device: hidden states once, the head applied per chunk of
+        positions (engines/heads.py), never [B, T, vocab]."""
         import torch
 
-        if len(prompt_ids) != len(completion_ids):
-            raise ValueError(f"score: {len(prompt_ids)} prompts but {len(completion_ids)} completions")
-        results: list[list[float]] = []
-        for start in range(0, len(prompt_ids), batch_size):
-            prompts = prompt_ids[start : start + batch_size]
-            comps = completion_ids[start : start + batch_size]
-            rows = [list(p) + list(c) for p, c in zip(prompts, comps, strict=True)]
-            ids, mask = self.left_pad(rows)
-            ids, mask = ids.to(self.model.device), mask.to(self.model.device)
-            with torch.inference_mode():
-                logits = self.model(input_ids=ids, attention_mask=mask).logits.float()
-            logprobs_B_T = torch.log_softmax(logits[:, :-1], dim=-1)
-            targets_B_T = ids[:, 1:]
-            token_lp_B_T = logprobs_B_T.gather(-1, targets_B_T.unsqueeze(-1)).squeeze(-1)
-            width = ids.shape[1]
-            for i, comp in enumerate(comps):
-                n = len(comp)
-                # Position t predicts token t+1: the completion occupies the last n targets.
-                row = token_lp_B_T[i, width - 1 - n :].tolist() if n else []
-                if len(row) != n:
-                    raise ValueError(
-                        f"score: row {start + i} has {n} completion tokens but {len(row)} logprobs"
+        from distill.engines.heads import (
+            head_gather,
+            head_gather_topk,
+            output_head,
+            scatter_positions,
+            select_positions,
+        )
+
+        comp_B_T, mask_B_T = self._completions(prompt_ids, completion_ids)
+        device = self.model.device
+        logprobs_B_T = torch.zeros(comp_B_T.shape, dtype=torch.float32, device=device)
+        top_ids = torch.zeros((*comp_B_T.shape, top_k), dtype=torch.long, device=device)
+        top_logps = torch.zeros((*comp_B_T.shape, top_k), dtype=torch.float32, device=device)
+        weight, bias = output_head(self.model)
+        states_B_T_H = (
+            torch.zeros((*comp_B_T.shape, weight.shape[1]), dtype=weight.dtype, device=device)
+            if states
+            else None
+        )
+        # Scores are data, never part of a graph: a gradient through them would reach the head
+        # (an advantage built from the student's scores would pull on the student's weights).
+        with torch.no_grad():
+            for rows, hidden_b_T_H in self._states(prompt_ids, comp_B_T, mask_B_T, batch_size):
+                if states_B_T_H is not None:
+                    states_B_T_H[rows] = hidden_b_T_H
+                mask_b_T = mask_B_T[rows]
+                targets_N_1 = select_positions(comp_B_T[rows], mask_b_T)[:, None]
+                hidden_N_H = select_positions(hidden_b_T_H, mask_b_T)
+                if top_k:
+                    gathered_N_1, lse_N, ids_N_K, logps_N_K = head_gather_topk(
+                        hidden_N_H, weight, bias, targets_N_1, top_k
                     )
-                results.append(row)
-        return results
+                    top_ids[rows] = scatter_positions(ids_N_K, mask_b_T, fill=0)
+                    top_logps[rows] = scatter_positions(logps_N_K, mask_b_T)
+                else:
+                    gathered_N_1, lse_N = head_gather(hidden_N_H, weight, bias, targets_N_1)
+                logprobs_B_T[rows] = scatter_positions(gathered_N_1[:, 0] - lse_N, mask_b_T)
+        scores = TokenScores(
+            logprobs_B_T,
+            mask_B_T.bool(),
+            top_ids if top_k else None,
+            top_logps if top_k else None,
+            states_B_T_H,
+        )
+        scores.check(completion_ids, "scored")
+        return scores
 
     def score_topk(
         self,
@@ -223,36 +305,47 @@ class HFEngine(ChatPrompts):
         k: int,
         batch_size: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The teacher's top-k ids and logprobs at each completion position, [B, T_max, k].
+        """The model's top-k ids and logprobs at each completion position, [B, T_max, k]; positions
+        past a row's length hold id 0, logprob 0."""
+        return self.score(prompt_ids, completion_ids, batch_size, top_k=k).topk()
 
-        Prompts left-padded, completions right-padded to the longest row (the trainer's layout), so
-        the completion starts at one column; positions past a row's length hold id 0, logprob 0.
-        """
+    def _completions(
+        self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Completions right-padded on the model's device; prompts and completions must pair up."""
+        if len(prompt_ids) != len(completion_ids):
+            raise ValueError(f"score: {len(prompt_ids)} prompts but {len(completion_ids)} completions")
+        for i, prompt in enumerate(prompt_ids):
+            if not prompt and completion_ids[i]:
+                raise ValueError(f"score: row {i} has an empty prompt")
+        comp_B_T, mask_B_T = right_pad(completion_ids, int(self.tokenizer.pad_token_id))
+        return comp_B_T.to(self.model.device), mask_B_T.to(self.model.device)
+
+    def _states(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        comp_B_T: torch.Tensor,
+        mask_B_T: torch.Tensor,
+        batch_size: int | None,
+    ) -> Iterator[tuple[slice, torch.Tensor]]:
+        """(rows, hidden states at those rows' completion positions), `batch_size` rows at a time."""
         import torch
 
         from distill.engines.states import completion_states
 
-        if len(prompt_ids) != len(completion_ids):
-            raise ValueError(f"score_topk: {len(prompt_ids)} prompts but {len(completion_ids)} completions")
-        width = max((len(c) for c in completion_ids), default=0)
-        pad = self.tokenizer.pad_token_id
-        comp_B_T = torch.full((len(completion_ids), width), pad, dtype=torch.long)
-        mask_B_T = torch.zeros((len(completion_ids), width), dtype=torch.long)
-        for i, row in enumerate(completion_ids):
-            comp_B_T[i, : len(row)] = torch.tensor(list(row), dtype=torch.long)
-            mask_B_T[i, : len(row)] = 1
-        prompt_B_P, prompt_mask_B_P = self.left_pad(prompt_ids)
-        device = self.model.device
-        # no_grad, not inference_mode: the trainer's loss saves these tensors for backward.
-        with torch.no_grad():
-            hidden_B_T_H = completion_states(
-                self.model,
-                prompt_B_P.to(device),
-                prompt_mask_B_P.to(device),
-                comp_B_T.to(device),
-                mask_B_T.to(device),
-            )
-            head = self.model.get_output_embeddings()
-            top = torch.log_softmax(head(hidden_B_T_H).float(), dim=-1).topk(k, dim=-1)
-        keep_B_T_1 = mask_B_T.to(device).bool().unsqueeze(-1)
-        return top.indices * keep_B_T_1, top.values * keep_B_T_1
+        width = max((len(p) for p in prompt_ids), default=0) + comp_B_T.shape[1]
+        size = batch_size or max(1, SCORE_TOKENS // max(width, 1))
+        for start in range(0, len(prompt_ids), size):
+            rows = slice(start, start + size)
+            prompt_b_P, prompt_mask_b_P = self.left_pad(prompt_ids[rows])
+            device = self.model.device
+            # no_grad, not inference_mode: a trainer's loss may save what is computed from these.
+            with torch.no_grad():
+                hidden = completion_states(
+                    self.model,
+                    prompt_b_P.to(device),
+                    prompt_mask_b_P.to(device),
+                    comp_B_T[rows],
+                    mask_B_T[rows],
+                )
+            yield rows, hidden

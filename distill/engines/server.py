@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distill.config import ServerClientConfig
-from distill.engines.base import ChatPrompts, Completion, KVCache
+from distill.engines.base import ChatPrompts, Completion, KVCache, TokenScores, right_pad
 
 if TYPE_CHECKING:
     import torch
@@ -66,6 +66,8 @@ class ServerEngine(ChatPrompts):
         self.enable_thinking = enable_thinking
         self.path = path
         self._eos = {i for i in (eos_ids or set()) | {tokenizer.eos_token_id} if i is not None}
+        # The served model's context (vLLM's max_model_len), read from the server on load.
+        self.context: int | None = None
         self._prompt_cache = {}
 
     @classmethod
@@ -98,6 +100,8 @@ class ServerEngine(ChatPrompts):
         if not served:
             raise ServerError(f"teacher server {engine.url} serves no model")
         engine.served_model = served[0]
+        length = models["data"][0].get("max_model_len")
+        engine.context = int(length) if isinstance(length, int) else None
         engine.check_tokenizer()
         return engine
 
@@ -138,21 +142,48 @@ class ServerEngine(ChatPrompts):
         completion_ids: Sequence[Sequence[int]],
         batch_size: int | None = None,
         top_k: int = 0,
-    ) -> list[list[float]]:
-        """Log-probability of each completion token given its prompt; exactly len(completion) each."""
-        rows = self._prompt_logprobs(prompt_ids, completion_ids, 0, batch_size)
-        out = []
+    ) -> TokenScores:
+        """Log-probability of each completion token given its prompt (with `top_k`, the teacher's
+        top-k there too, from the same request), right-padded [B, T] arrays."""
+        import numpy as np
+        import torch
+
+        rows = self._prompt_logprobs(prompt_ids, completion_ids, top_k, batch_size)
+        width = max((len(c) for c in completion_ids), default=0)
+        values = np.zeros((len(rows), width), dtype=np.float32)
+        top_ids = np.zeros((len(rows), width, top_k), dtype=np.int64)
+        top_logps = np.zeros((len(rows), width, top_k), dtype=np.float32)
         for i, (positions, comp) in enumerate(zip(rows, completion_ids, strict=True)):
-            row = []
             for pos, (entries, tok) in enumerate(zip(positions, comp, strict=True)):
                 entry = entries.get(str(tok))
                 if entry is None:
                     raise ServerError(
                         f"teacher server {self.url}: row {i} position {pos} has no logprob for token {tok}"
                     )
-                row.append(float(entry["logprob"]))
-            out.append(row)
-        return out
+                values[i, pos] = entry["logprob"]
+                if top_k:
+                    top_ids[i, pos], top_logps[i, pos] = self._topk_entries(entries, top_k, i, pos)
+        _, mask_B_T = right_pad(completion_ids, 0, width)
+        topk = (torch.from_numpy(top_ids), torch.from_numpy(top_logps)) if top_k else (None, None)
+        scores = TokenScores(torch.from_numpy(values), mask_B_T.bool(), *topk)
+        scores.check(completion_ids, "served")
+        return scores
+
+    def _topk_entries(
+        self, entries: dict[str, Any], k: int, row: int, pos: int
+    ) -> tuple[list[int], list[float]]:
+        """The top-k (ids, logprobs) of one position's entries, by rank (the sampled token is
+        always returned too, whatever its rank)."""
+        top = sorted(
+            ((int(tok), float(e["logprob"])) for tok, e in entries.items() if int(e["rank"]) <= k),
+            key=lambda pair: -pair[1],
+        )
+        if len(top) < k:
+            raise ServerError(
+                f"teacher server {self.url}: row {row} position {pos} returned {len(top)} of top-{k} "
+                "logprobs (start the server with --max-logprobs -1)"
+            )
+        return [tok for tok, _ in top[:k]], [lp for _, lp in top[:k]]
 
     def score_topk(
         self,
@@ -162,27 +193,7 @@ class ServerEngine(ChatPrompts):
         batch_size: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The teacher's top-k ids and logprobs at each completion position, [B, T_max, k], right-padded."""
-        import torch
-
-        rows = self._prompt_logprobs(prompt_ids, completion_ids, k, batch_size)
-        width = max((len(c) for c in completion_ids), default=0)
-        ids_B_T_K = torch.zeros((len(rows), width, k), dtype=torch.long)
-        logps_B_T_K = torch.zeros((len(rows), width, k), dtype=torch.float32)
-        for i, positions in enumerate(rows):
-            for t, entries in enumerate(positions):
-                # The sampled token is always returned too; keep the top-k by rank only.
-                top = sorted(
-                    ((int(tok), float(e["logprob"])) for tok, e in entries.items() if int(e["rank"]) <= k),
-                    key=lambda pair: -pair[1],
-                )
-                if len(top) < k:
-                    raise ServerError(
-                        f"teacher server {self.url}: row {i} position {t} returned {len(top)} of top-{k} "
-                        "logprobs (start the server with --max-logprobs -1)"
-                    )
-                ids_B_T_K[i, t] = torch.tensor([tok for tok, _ in top[:k]])
-                logps_B_T_K[i, t] = torch.tensor([lp for _, lp in top[:k]])
-        return ids_B_T_K, logps_B_T_K
+        return self.score(prompt_ids, completion_ids, batch_size, top_k=k).topk()
 
     def generate(
         self,
@@ -196,8 +207,17 @@ class ServerEngine(ChatPrompts):
     ) -> list[Completion]:
         """One completion per prompt row, from token ids; temperature 0 is greedy."""
         eos = self.eos_ids
+        from distill.engines.context import ContextError, room
+
+        # The context policy (engines/context.py): capped at the room the longest prompt leaves.
+        longest = max((len(p) for p in prompt_ids), default=0)
+        budget = room(self.context, longest, max_new_tokens)
+        if budget < 1:
+            raise ContextError(
+                f"a prompt of {longest} tokens fills the served model's {self.context} positions"
+            )
         params: dict[str, Any] = {
-            "max_tokens": max_new_tokens,
+            "max_tokens": budget,
             "temperature": temperature,
             "top_p": top_p if temperature > 0 else 1.0,
             "top_k": 0,  # 0 disables top-k in vLLM
@@ -229,6 +249,18 @@ class ServerEngine(ChatPrompts):
         """One completion of `ids` (the server's prefix cache does what a local KV cache would)."""
         (completion,) = self.generate([list(ids)], max_new_tokens, temperature, top_p)
         return completion, KVCache(None, list(ids))
+
+    def continue_many(
+        self,
+        rows: Sequence[Sequence[int]],
+        caches: Sequence[KVCache | None],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+    ) -> list[tuple[Completion, KVCache]]:
+        """All rows in one batch of requests (the server batches them itself)."""
+        completions = self.generate([list(r) for r in rows], max_new_tokens, temperature, top_p)
+        return [(c, KVCache(None, list(r))) for c, r in zip(completions, rows, strict=True)]
 
     # --- transport ---
 

@@ -123,7 +123,9 @@ class BridgedAgent:
             view.uid = ep.uid
             views.append(view)
         out = []
-        for ep, comp in zip(episodes, self.agent.act(views), strict=True):
+        for ep, view, comp in zip(episodes, views, self.agent.act(views), strict=True):
+            if view.error is not None:  # the agent could not write this turn (its context is full)
+                ep.error = view.error
             if ep.tokenizer is None:
                 raise ValueError(f"episode {ep.item.id} is text-only: nothing to re-encode into")
             ids = turn_ids(ep.tokenizer, comp.text, comp.truncated)

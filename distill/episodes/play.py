@@ -53,16 +53,37 @@ class EngineAgent:
         self.reuse_cache = reuse_cache and engine.supports_cache
 
     def act(self, episodes: Sequence[Episode]) -> list[Completion]:
+        from distill.engines.base import Completion
+
+        # The context policy (engines/context.py): an episode that has filled the model's context
+        # ends here, failed with the reason, rather than running past the model's positions.
+        context = self.engine.context
+        full = [context is not None and len(ep.ids) >= context for ep in episodes]
+        for ep, is_full in zip(episodes, full, strict=True):
+            if is_full:
+                ep.error = f"context full: the episode holds {len(ep.ids)} tokens, the model takes {context}"
+        if any(full):
+            live = [ep for ep, is_full in zip(episodes, full, strict=True) if not is_full]
+            done = iter(self.act(live))
+            return [Completion([], "", True) if is_full else next(done) for is_full in full]
         if self.reuse_cache:
             # Episodes leave an agent for good (they end, or ROSE hands them to the teacher).
-            live = {ep.uid for ep in episodes}
-            self.caches = {uid: c for uid, c in self.caches.items() if uid in live}
+            uids = {ep.uid for ep in episodes}
+            self.caches = {uid: c for uid, c in self.caches.items() if uid in uids}
             out = []
-            for ep in episodes:
-                completion, self.caches[ep.uid] = self.engine.continue_generate(
-                    ep.ids, self.caches.get(ep.uid), self.max_new_tokens, self.temperature, self.top_p
+            # The episodes' turns decode together, each from its own cache (engines/batched.py).
+            for start in range(0, len(episodes), self.batch_size):
+                chunk = episodes[start : start + self.batch_size]
+                results = self.engine.continue_many(
+                    [ep.ids for ep in chunk],
+                    [self.caches.get(ep.uid) for ep in chunk],
+                    self.max_new_tokens,
+                    self.temperature,
+                    self.top_p,
                 )
-                out.append(completion)
+                for ep, (completion, cache) in zip(chunk, results, strict=True):
+                    self.caches[ep.uid] = cache
+                    out.append(completion)
             return out
         return self.engine.generate(
             [ep.ids for ep in episodes],
@@ -195,8 +216,11 @@ def _write_turns(domain: EpisodicDomain, table: _Table, policy: Policy) -> None:
         if len(completions) != len(slots):
             raise ValueError(f"agent {agent.writer} wrote {len(completions)} turns for {len(slots)} episodes")
         for slot, comp in zip(slots, completions, strict=True):
-            action = domain.parse_action(comp.text)
-            table.active[slot][1].add_turn(agent.writer, comp.ids, comp.text, comp.truncated, action)
+            position, ep = table.active[slot]
+            if ep.error is not None:  # the agent could not write this turn (e.g. its context is full)
+                table.finish(slot, position, ep)
+                continue
+            ep.add_turn(agent.writer, comp.ids, comp.text, comp.truncated, domain.parse_action(comp.text))
 
 
 def _step(

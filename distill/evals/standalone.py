@@ -12,6 +12,7 @@ run under that run, in the store the run was logged to.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -190,11 +191,15 @@ def eval_domain_config(req: EvalRequest, episodic: bool) -> DomainBase:
     return domain_config(req.domain, **fields)
 
 
-def evaluate_model(req: EvalRequest, path: str, settings: Settings) -> EvalOutcome:
-    """Evaluate the model at `path` (the caller resolved `req.model`), write and log the result."""
+def evaluate_model(
+    req: EvalRequest, path: str, settings: Settings, say: Callable[[str], object] = print
+) -> EvalOutcome:
+    """Evaluate the model at `path` (the caller resolved `req.model`), write and log the result;
+    `say` gets the warnings (a budget capped at the model's context) before the eval starts."""
     from distill import registry
     from distill.config import EvalConfig
     from distill.domains import build_domain
+    from distill.engines.context import check_budget
     from distill.engines.hf import HFEngine
     from distill.evals import evaluator_for
 
@@ -223,6 +228,11 @@ def evaluate_model(req: EvalRequest, path: str, settings: Settings) -> EvalOutco
             items = domain.eval_items()[: req.items]
             source = f"{len(items)} items of {bench}"
         engine = HFEngine.load(path, enable_thinking=sampling.enable_thinking)
+        if not episodic:
+            lengths = [len(engine.prompt_ids(item.prompt)) for item in items]
+            check = check_budget("max_new_tokens", sampling.max_new_tokens, engine.context, lengths, "eval")
+            if warning := check.warning():
+                say(f"warning: {warning}")
         eval_cfg = EvalConfig(
             items=req.items,
             k=sampling.k,

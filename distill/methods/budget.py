@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from distill.config import ROSEMethod
+
 if TYPE_CHECKING:
+    from distill.config import RunConfig
+    from distill.domains.base import Domain, Item
+    from distill.engines.base import Engine
+    from distill.engines.context import BudgetCheck
     from distill.episodes.episode import Episode
 
 
@@ -53,3 +59,84 @@ def teacher_turns(episodes: Sequence[Episode], budget: int, writer: str = "teach
 
     tokens, truncated = writer_turns(episodes, writer)
     return teacher_budget(tokens, truncated, budget)
+
+
+def context_checks(config: RunConfig, domain: Domain, student: Engine, teacher: Engine) -> list[BudgetCheck]:
+    """Every token budget of the run against the context of the model that spends it, on the
+    longest prompts (engines/context.py): raises ContextError where a prompt leaves no room,
+    returns the checks (their warnings say what is capped)."""
+    from distill import registry
+    from distill.engines.context import check_budget
+    from distill.methods.preflight import teacher_view
+
+    if registry.domain_entry(domain.name).episodic:
+        return []  # episodes grow turn by turn: the engines cap each turn at the room left
+    train = _longest(domain.train_items())
+    evals = _longest(domain.eval_items()[: config.eval.items])
+
+    def lengths(engine: Engine, items: list[Item]) -> list[int]:
+        return [len(engine.prompt_ids(item.prompt)) for item in items]
+
+    cfg, rollout = config, config.rollout.max_new_tokens
+    checks = [
+        check_budget(
+            "eval.max_new_tokens",
+            cfg.eval.max_new_tokens,
+            student.context,
+            lengths(student, evals),
+            "student eval",
+        )
+    ]
+    if cfg.eval.eval_teacher:
+        checks.append(
+            check_budget(
+                "eval.max_new_tokens",
+                cfg.eval.max_new_tokens,
+                teacher.context,
+                lengths(teacher, evals),
+                "teacher eval",
+            )
+        )
+    if cfg.method.name == "sft":
+        checks.append(
+            check_budget(
+                "rollout.max_new_tokens",
+                rollout,
+                teacher.context,
+                lengths(teacher, train),
+                "teacher trajectories",
+            )
+        )
+        return checks
+    checks.append(
+        check_budget(
+            "rollout.max_new_tokens", rollout, student.context, lengths(student, train), "student rollouts"
+        )
+    )
+    view = teacher_view(config, domain)
+    if isinstance(cfg.method, ROSEMethod):
+        # The teacher continues after the prompt and a prefix of up to the student's whole response.
+        grown = [n + rollout for n in lengths(teacher, train)]
+        checks.append(
+            check_budget(
+                "method.teacher_max_tokens",
+                cfg.method.teacher_max_tokens,
+                teacher.context,
+                grown,
+                "teacher continuations",
+            )
+        )
+    elif view is not None:
+        # The teacher scores the student's whole response after its own view of the problem.
+        prompt_for, _ = view
+        scored = [len(prompt_for(teacher, item)) for item in train]
+        checks.append(
+            check_budget("rollout.max_new_tokens", rollout, teacher.context, scored, "teacher scoring")
+        )
+    return checks
+
+
+def _longest(items: Sequence[Item], n: int = 32) -> list[Item]:
+    """The `n` items with the longest prompts in characters: a budget check tokenises these, not
+    every training item (the engines' own cap covers any other)."""
+    return sorted(items, key=lambda item: len(item.prompt), reverse=True)[:n]

@@ -84,6 +84,10 @@ class DistillCallback(TrainerCallback):
         metrics.update(reduce_metrics(pending))
         pending.clear()
         metrics["perf/step_time_s"] = self._last_step_time
+        # Writing this run's records since the last line (that line, samples, evals): the write of
+        # this line itself counts in the next one.
+        metrics["perf/tracking_s"] = self.ctx.log.spent
+        self.ctx.log.spent = 0.0
         tokens = metrics.pop("_tokens", None)
         if tokens is not None and self._last_step_time > 0:
             metrics["perf/tokens_per_s"] = tokens / self._last_step_time

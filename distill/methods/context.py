@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -35,6 +35,8 @@ class RunContext:
     evaluate_student: Callable[[int, Any], EvalResult] | None = None
     # The training items by position: a trainer's dataset holds their indices.
     items: list[Item] = field(default_factory=list)
+    # Extra transformers TrainerCallbacks for the method's trainer (programmatic runs, benchmarks).
+    callbacks: Sequence[Any] = ()
 
     def method_as(self, kind: type[M]) -> M:
         """The run's method config as the model a method's code expects (the registry sends a

@@ -28,7 +28,7 @@ from distill.episodes.play import EngineAgent, Policy, handover, play, single
 from distill.episodes.protocol import as_episodic
 from distill.methods.budget import teacher_turns
 from distill.methods.callbacks import DistillCallback
-from distill.methods.online import CECallback, OnlineTrainer, collate, run_online
+from distill.methods.online import CECallback, OnlineTrainer, run_online
 
 if TYPE_CHECKING:
     import torch
@@ -89,77 +89,51 @@ def opd_loss(
     model: Any, ctx: RunContext, episodes: list[Episode], coef: float, clip: float | None
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """OPD over the student's turns of whole episodes: `method.loss` token_reward_direct
-    (sampled-token advantages, on-policy so the ratio is 1) or forward_kl_topk."""
+    (sampled-token advantages, on-policy so the ratio is 1) or forward_kl_topk. The teacher scores
+    the same ids (an engine call: a served teacher works too); the student's head is applied per
+    chunk of its turn positions (engines/heads.py)."""
     import torch
+
+    from distill.engines.base import right_pad
+    from distill.engines.heads import head_gather, head_gather_topk, output_head, select_positions
+    from distill.engines.states import decoder_states
+    from distill.methods import losses
+    from distill.methods.scoring import kl_stats
 
     rows = [ep for ep in episodes if not ep.failed and any(ep.mask({"student"}))]
     if not rows:
         raise ValueError("opd: no episode of this step has a student turn to train on")
-    if ctx.method_as(OPDMethod).loss == "forward_kl_topk":
-        return _topk_loss(model, ctx, rows)
-    prompts = [ep.ids[:1] for ep in rows]
-    completions = [ep.ids[1:] for ep in rows]
-    teacher_rows = ctx.teacher.score(prompts, completions)
-    batch = collate([(ep.ids, ep.ids) for ep in rows], ctx.student.tokenizer.pad_token_id)
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-    logp_B_T = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, batch["input_ids"][:, 1:].unsqueeze(-1))
-    logp_B_T = logp_B_T.squeeze(-1)
-    losses, gaps, n_tokens = [], [], 0
-    for i, ep in enumerate(rows):
-        n = len(ep.ids) - 1
-        if len(teacher_rows[i]) != n:
-            raise ValueError(
-                f"opd: episode {ep.item.id} has {n} tokens but {len(teacher_rows[i])} teacher logprobs"
-            )
-        mask = torch.tensor(ep.mask({"student"})[1:], dtype=torch.float32)
-        student_lp = logp_B_T[i, :n]
-        gap = torch.tensor(teacher_rows[i]) - student_lp.detach()
-        adv = coef * gap
-        if clip is not None:
-            adv = adv.clamp(-clip, clip)
-        losses.append(-(adv * student_lp * mask).sum())
-        gaps.append(gap[mask.bool()])
-        n_tokens += int(mask.sum())
-    loss = torch.stack(losses).sum() / max(n_tokens, 1)
-    gap_all = torch.cat(gaps)
-    stats = {
-        "kl/reverse_kl_mean": float(-gap_all.mean()),
-        "kl/reverse_kl_std": float(gap_all.std()) if gap_all.numel() > 1 else 0.0,
-        "kl/advantage_mean": float(coef * gap_all.mean()),
-    }
-    return loss, stats
-
-
-def _topk_loss(model: Any, ctx: RunContext, rows: list[Episode]) -> tuple[torch.Tensor, dict[str, float]]:
-    """KL(teacher || student) over the teacher's top-k at every student-turn position."""
-    import torch
-
-    from distill.methods.losses import masked_mean, topk_forward_kl_per_token, topk_overlap
-
     method = ctx.method_as(OPDMethod)
-    k, tail = method.top_k, method.topk_tail
-    batch = collate([(ep.ids, ep.ids) for ep in rows], ctx.student.tokenizer.pad_token_id)
-    ids, attn = batch["input_ids"], batch["attention_mask"]
-    mask_B_T = torch.zeros(ids.shape[0], ids.shape[1] - 1)
-    for i, ep in enumerate(rows):
-        mask_B_T[i, : len(ep.ids) - 1] = torch.tensor(ep.mask({"student"})[1:], dtype=torch.float32)
-    with torch.no_grad():
-        teacher_lp = torch.log_softmax(
-            ctx.local_teacher().model(input_ids=ids, attention_mask=attn).logits.float()[:, :-1], -1
+    top_k = method.top_k if method.loss == "forward_kl_topk" else 0
+    # Position t of the "completion" ids[1:] is predicted by the state at t: one scored layout.
+    teacher = ctx.teacher.score([ep.ids[:1] for ep in rows], [ep.ids[1:] for ep in rows], top_k=top_k)
+    pad = int(ctx.student.tokenizer.pad_token_id)
+    ids_B_L, attn_B_L = right_pad([ep.ids for ep in rows], pad)
+    device = ctx.student.model.device
+    ids_B_L, attn_B_L = ids_B_L.to(device), attn_B_L.to(device)
+    turns_B_T, _ = right_pad([ep.mask({"student"})[1:] for ep in rows], 0, ids_B_L.shape[1] - 1)
+    turns_B_T = turns_B_T.bool().to(device)
+    hidden_N_H = select_positions(decoder_states(model, ids_B_L, attn_B_L)[:, :-1], turns_B_T)
+    targets_N = ids_B_L[:, 1:][turns_B_T]
+    teacher = teacher.widened(turns_B_T.shape[1]).to(device)
+    weight, bias = output_head(model)
+    if top_k:
+        teacher_ids_N_K, teacher_logps_N_K = (t[turns_B_T] for t in teacher.topk())
+        gathered_N_K, lse_N, student_ids_N_K, _ = head_gather_topk(
+            hidden_N_H, weight, bias, torch.cat([targets_N[:, None], teacher_ids_N_K], 1), top_k
         )
-        top = teacher_lp.topk(k, dim=-1)
-    student_lp = torch.log_softmax(model(input_ids=ids, attention_mask=attn).logits.float()[:, :-1], -1)
-    kl_B_T = topk_forward_kl_per_token(student_lp, top.indices, top.values, tail)
-    loss = masked_mean(kl_B_T, mask_B_T)
-    sampled = ids[:, 1:].unsqueeze(-1)
-    gap = (teacher_lp.gather(-1, sampled) - student_lp.detach().gather(-1, sampled)).squeeze(-1)[
-        mask_B_T.bool()
-    ]
-    return loss, {
-        "kl/reverse_kl_mean": float(-gap.mean()),
-        "kl/reverse_kl_std": float(gap.std()) if gap.numel() > 1 else 0.0,
-        "kl/topk_overlap": topk_overlap(student_lp.detach(), top.indices, mask_B_T),
-    }
+    else:
+        gathered_N_K, lse_N = head_gather(hidden_N_H, weight, bias, targets_N[:, None])
+    logp_S_N = gathered_N_K[:, 0] - lse_N
+    gap_N = teacher.logprobs_B_T[turns_B_T] - logp_S_N.detach()
+    if top_k:
+        logq_N_K = gathered_N_K[:, 1:] - lse_N[:, None]
+        kl_N = losses.topk_forward_kl_per_token(logq_N_K, teacher_logps_N_K, method.topk_tail)
+        overlap = losses.topk_overlap(student_ids_N_K, teacher_ids_N_K)
+        return kl_N.mean(), {**kl_stats(-gap_N), "kl/topk_overlap": overlap}
+    adv_N = coef * gap_N if clip is None else (coef * gap_N).clamp(-clip, clip)
+    loss = -(adv_N * logp_S_N).sum() / max(logp_S_N.numel(), 1)
+    return loss, kl_stats(-gap_N, coef * gap_N.mean())
 
 
 class EpisodeTrainer(OnlineTrainer):

@@ -12,10 +12,12 @@ teacher's view of the same token ids. They differ only in what they do with it:
 - `k3` / `low_var_kl`: Schulman's low-variance estimate `exp(r) - r - 1`, `r = logp_T - logp_S`.
 - `forward_kl_topk`: KL(teacher || student) over the teacher's top-k tokens, with the teacher's
   remaining mass matched against the student's remaining mass as one tail bucket.
-- `jsd`: full-vocabulary generalised JSD (`beta` 0 forward KL, 1 reverse KL), TRL's chunked
-  kernel, so the full [B, T, V] logits of both models are never materialised.
+- `jsd`: full-vocabulary generalised JSD (`beta` 0 forward KL, 1 reverse KL, TRL's convention),
+  both heads applied per checkpointed chunk of positions, so the [B, T, V] logits of the two
+  models are never materialised.
 
-Every reduction is a mean over completion tokens (masked positions never count).
+The functions here take per-token values at the scored positions only ([N] / [N, K], from the
+chunked head); every reduction is a mean over completion tokens.
 """
 
 from __future__ import annotations
@@ -46,38 +48,37 @@ def direct_kl_per_token(kind: str, logp_S_B_T: torch.Tensor, logp_T_B_T: torch.T
 
 
 def topk_forward_kl_per_token(
-    student_logprobs_B_T_V: torch.Tensor,
-    teacher_topk_ids_B_T_K: torch.Tensor,
-    teacher_topk_logprobs_B_T_K: torch.Tensor,
+    student_logprobs_N_K: torch.Tensor,
+    teacher_topk_logprobs_N_K: torch.Tensor,
     tail: bool = True,
 ) -> torch.Tensor:
     """KL(teacher || student) restricted to the teacher's top-k, plus a tail bucket.
 
-    Without the tail term the loss ignores the teacher mass outside its top-k, which rewards a
-    student that puts all its mass on those k tokens even where the teacher is uncertain.
+    `student_logprobs_N_K` are the student's logprobs at the teacher's top-k ids (from one chunked
+    pass over the head, `engines.heads.head_gather`). Without the tail term the loss ignores the
+    teacher mass outside its top-k, which rewards a student that puts all its mass on those k
+    tokens even where the teacher is uncertain.
     """
-    p_T_B_T_K = teacher_topk_logprobs_B_T_K.exp()
-    logq_B_T_K = student_logprobs_B_T_V.gather(-1, teacher_topk_ids_B_T_K)
-    kl_B_T = (p_T_B_T_K * (teacher_topk_logprobs_B_T_K - logq_B_T_K)).sum(-1)
+    p_T_N_K = teacher_topk_logprobs_N_K.exp()
+    kl_N = (p_T_N_K * (teacher_topk_logprobs_N_K - student_logprobs_N_K)).sum(-1)
     if tail:
-        eps = torch.finfo(student_logprobs_B_T_V.dtype).tiny
-        tail_T_B_T = (1.0 - p_T_B_T_K.sum(-1)).clamp_min(0.0)
-        tail_S_B_T = (1.0 - logq_B_T_K.exp().sum(-1)).clamp_min(eps)
+        eps = torch.finfo(student_logprobs_N_K.dtype).tiny
+        tail_T_N = (1.0 - p_T_N_K.sum(-1)).clamp_min(0.0)
+        tail_S_N = (1.0 - student_logprobs_N_K.exp().sum(-1)).clamp_min(eps)
         # 0 * log 0 = 0: a teacher with no tail mass contributes nothing.
-        kl_B_T = kl_B_T + torch.where(
-            tail_T_B_T > 0, tail_T_B_T * (tail_T_B_T.clamp_min(eps).log() - tail_S_B_T.log()), 0.0
+        kl_N = kl_N + torch.where(
+            tail_T_N > 0, tail_T_N * (tail_T_N.clamp_min(eps).log() - tail_S_N.log()), 0.0
         )
-    return kl_B_T
+    return kl_N
 
 
-def topk_overlap(
-    student_logprobs_B_T_V: torch.Tensor, teacher_topk_ids_B_T_K: torch.Tensor, mask_B_T: torch.Tensor
-) -> float:
+def topk_overlap(student_topk_ids_N_K: torch.Tensor, teacher_topk_ids_N_K: torch.Tensor) -> float:
     """Mean share of the teacher's top-k tokens that are also in the student's top-k."""
-    k = teacher_topk_ids_B_T_K.shape[-1]
-    student_topk_B_T_K = student_logprobs_B_T_V.topk(k, dim=-1).indices
-    hits_B_T = (teacher_topk_ids_B_T_K.unsqueeze(-1) == student_topk_B_T_K.unsqueeze(-2)).any(-1).sum(-1)
-    return float(masked_mean(hits_B_T.float() / k, mask_B_T))
+    if not teacher_topk_ids_N_K.numel():
+        return 0.0
+    k = teacher_topk_ids_N_K.shape[-1]
+    hits_N = (teacher_topk_ids_N_K.unsqueeze(-1) == student_topk_ids_N_K.unsqueeze(-2)).any(-1).sum(-1)
+    return float((hits_N.float() / k).mean())
 
 
 def jsd_loss(
@@ -89,18 +90,20 @@ def jsd_loss(
     beta: float,
     temperature: float = 1.0,
 ) -> torch.Tensor:
-    """Full-vocabulary generalised JSD through TRL's chunked kernel (DistillationTrainer's loss)."""
-    from trl.trainer.distillation_trainer import _chunked_divergence_loss
+    """Full-vocabulary generalised JSD over the masked positions, both heads applied per chunk of
+    positions with checkpointed chunks (engines/heads.py): never a [B, T, V] tensor. TRL's own
+    chunked kernel holds ~1.7 GB of tiles on CPU at any length (benchmarks/scale_memory.py)."""
+    from distill.engines.heads import select_positions
+    from distill.engines.jsd import chunked_jsd
 
-    loss, _entropy, _n = _chunked_divergence_loss(
-        student_hidden_B_T_H,
-        teacher_hidden_B_T_H.to(student_hidden_B_T_H.dtype),
-        student_head.weight,  # type: ignore[arg-type]  # nn.Module types parameters as Tensor | Module
-        teacher_head.weight,  # type: ignore[arg-type]  # nn.Module types parameters as Tensor | Module
-        mask_B_T,
+    mask = mask_B_T.bool()
+    student_N_H = select_positions(student_hidden_B_T_H, mask)
+    teacher_N_H = select_positions(teacher_hidden_B_T_H, mask).to(student_N_H.dtype)
+    return chunked_jsd(
+        student_N_H,
+        teacher_N_H,
+        (student_head.weight, getattr(student_head, "bias", None)),  # type: ignore[arg-type]  # nn.Module types parameters as Tensor | Module
+        (teacher_head.weight, getattr(teacher_head, "bias", None)),  # type: ignore[arg-type]  # nn.Module types parameters as Tensor | Module
         beta,
-        student_lm_head_bias=getattr(student_head, "bias", None),
-        teacher_lm_head_bias=getattr(teacher_head, "bias", None),
         temperature=temperature,
     )
-    return loss

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import Trainer, TrainingArguments
 
+from distill.engines.states import ce_loss
 from distill.methods.callbacks import DistillCallback, quiet, trainer_common_args
 
 if TYPE_CHECKING:
@@ -84,6 +85,13 @@ class OnlineTrainer(Trainer):
             return random.Random(seed * 1_000_003 + step * 1_009 + self._micro)
         return random.Random(seed * 1_000_003 + step)
 
+    def compute_loss(
+        self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
+    ) -> Any:
+        """CE on the labelled tokens, the head applied per chunk of them (never [B, T, vocab])."""
+        loss = ce_loss(model, self.accelerator.unwrap_model(model), inputs, num_items_in_batch)
+        return (loss, None) if return_outputs else loss
+
     def ce_step(self, model: Any, examples: Sequence[tuple[list[int], list[int]]]) -> torch.Tensor:
         """One CE micro-step on (input_ids, labels) rows through the Trainer's own path."""
         batch = collate(examples, self.distill_ctx.student.tokenizer.pad_token_id)
@@ -137,7 +145,7 @@ def run_online(
         train_dataset=Dataset.from_list([{"item_index": i} for i in range(len(ctx.items))]),
         data_collator=_indices,
         processing_class=ctx.student.tokenizer,
-        callbacks=[callback],
+        callbacks=[callback, *ctx.callbacks],
     )
     trainer.distill_ctx = ctx
     for name, value in attrs.items():

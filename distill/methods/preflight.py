@@ -126,8 +126,8 @@ def self_score_gap(
     """Max |logp| difference of the same completions under the two prompt paths, student weights."""
     a = student.score(rollout_prompts, completions)
     b = student.score(teacher_prompts, completions)
-    gaps = [abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)]
-    return max(gaps, default=0.0)
+    gap_B_T = (a.logprobs_B_T - b.logprobs_B_T.to(a.logprobs_B_T.device)).abs()[a.mask_B_T]
+    return float(gap_B_T.max()) if gap_B_T.numel() else 0.0
 
 
 def check_loss_mask(
@@ -162,13 +162,14 @@ def check_first_batch(
     prompt_rows: list[list[int]],
     completion_rows: list[list[int]],
 ) -> None:
-    """On the trainer's real first batch: masks, and its prompt ids equal the teacher path's."""
+    """On the trainer's real first batch: masks (the teacher's signal is zero off the completion),
+    and its prompt ids equal the teacher path's."""
     check_loss_mask(
         out["prompt_ids"],
         out["prompt_mask"],
         out["completion_ids"],
         out["completion_mask"],
-        out["advantages"],
+        out["teacher_logps"],
         prompt_rows,
     )
     gap = self_score_gap(

@@ -123,17 +123,36 @@ def train(ctx: RunContext) -> None:
 def fit_sft(ctx: RunContext, args: Any, dataset: Any) -> None:
     """Run `trl.SFTTrainer` on a prepared dataset, logging CE as `train/ce_loss` (teacher-SFT on
     trajectories and on SciWorld episodes share it)."""
-    from trl import SFTTrainer
-
     from distill.methods.callbacks import quiet
     from distill.methods.online import CECallback, live_model
 
-    trainer = SFTTrainer(
+    trainer = chunked_sft_trainer()(
         model=ctx.student.model,
         args=args,
         train_dataset=dataset,
         processing_class=ctx.student.tokenizer,
-        callbacks=[CECallback(ctx)],
+        callbacks=[CECallback(ctx), *ctx.callbacks],
     )
     quiet(trainer).train(resume_from_checkpoint=str(ctx.resume_from) if ctx.resume_from else None)
     ctx.student.model = live_model(trainer)
+
+
+def chunked_sft_trainer() -> type:
+    """`trl.SFTTrainer` with its loss through distill's chunked head: TRL's own fused head holds
+    [4096 tokens, 32768 vocab] fp32 tiles on CPU (~1-2 GB at any length, benchmarks/scale_memory.py)."""
+    from trl import SFTTrainer
+
+    from distill.engines.states import ce_loss
+
+    class ChunkedSFTTrainer(SFTTrainer):
+        def compute_loss(
+            self,
+            model: Any,
+            inputs: dict[str, Any],
+            return_outputs: bool = False,
+            num_items_in_batch: Any = None,
+        ) -> Any:
+            loss = ce_loss(model, self.accelerator.unwrap_model(model), inputs, num_items_in_batch)
+            return (loss, None) if return_outputs else loss
+
+    return ChunkedSFTTrainer

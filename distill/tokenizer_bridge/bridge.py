@@ -13,6 +13,7 @@ every conversion says whether it was, and `seam.py` checks it on whole corpora.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -33,8 +34,11 @@ class Piece:
 
 
 def special_tokens(tokenizer: PreTrainedTokenizerBase) -> dict[int, str]:
-    """id -> content of every token the tokenizer treats as special (control or markup)."""
-    out = {i: tok.content for i, tok in tokenizer.added_tokens_decoder.items() if tok.special}
+    """id -> content of every token that is markup, not text: the tokenizer's special tokens and
+    every other added token. Real Qwen3 adds `<think>`, `</think>` and its tool tokens as
+    non-special added tokens (kept by skip_special_tokens), yet they are template markup: they
+    cross the bridge by content, never spelled out as text."""
+    out = {i: tok.content for i, tok in tokenizer.added_tokens_decoder.items()}
     for role in _ROLES:
         token = getattr(tokenizer, role, None)
         token_id = tokenizer.convert_tokens_to_ids(str(token)) if token else None
@@ -81,10 +85,34 @@ def readable(parts: Sequence[Piece]) -> str:
 
 
 def encode_plain(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """Ordinary text to ids, never matching special tokens inside it."""
+    """Ordinary text to ids, never matching a markup token inside it: a student that spelled
+    "<think>" with ordinary tokens did not open a think block. Special tokens are split by the
+    tokenizer itself; other added tokens (always matched by `tokenizers`) are encoded in two
+    halves, which decode to the same text."""
     if not text:
         return []
-    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    markup = sorted(
+        {t.content for t in tokenizer.added_tokens_decoder.values() if not t.special and t.content},
+        key=len,
+        reverse=True,
+    )
+    parts = _split_markup(text, markup)
+    ids: list[int] = []
+    for part, is_markup in parts:
+        chunks = [part[:1], part[1:]] if is_markup else [part]
+        for chunk in chunks:
+            if chunk:
+                ids += tokenizer(chunk, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    return ids
+
+
+def _split_markup(text: str, markup: list[str]) -> list[tuple[str, bool]]:
+    """`text` as (piece, is_markup) runs around the occurrences of `markup` strings."""
+    if not markup:
+        return [(text, False)]
+    # Longest first, so `</think>` is matched whole rather than as a shorter string inside it.
+    pattern = re.compile("(" + "|".join(re.escape(m) for m in markup) + ")")
+    return [(part, i % 2 == 1) for i, part in enumerate(pattern.split(text)) if part]
 
 
 def same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +24,8 @@ METRIC_CHUNK = 1000
 PARAM_CHUNK = 100
 TAG_CHUNK = 100
 AUTO_FLUSH = 500
+# How often the writer thread sends queued points (also at once when AUTO_FLUSH are queued).
+FLUSH_INTERVAL_S = 2.0
 MAX_PARAM_CHARS = 6000
 MAX_ERROR_CHARS = 5000
 STATUSES = ("FINISHED", "FAILED", "KILLED")
@@ -101,13 +105,25 @@ def mlflow_metric_name(key: str) -> str:
 
 
 class MlflowTracker:
-    """One MLflow run. Metrics are buffered and written with `log_batch`."""
+    """One MLflow run. Metrics are buffered and written by a background thread with `log_batch`,
+    so a slow or unreachable store never blocks a training step; `flush` and `finish` write
+    everything out (the runner calls `finish` on every exit path but SIGKILL, and `metrics.jsonl`
+    stays the record MLflow is brought level with)."""
 
-    def __init__(self, client: MlflowClient, run_id: str) -> None:
+    def __init__(self, client: MlflowClient, run_id: str, uri: str = "") -> None:
         self.client = client
         self.run_id = run_id
+        self.uri = uri
         self._buffer: list[Any] = []
+        self._tags: list[Any] = []
         self._finished = False
+        self._lock = threading.Lock()
+        self._writing = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = False
+        self._failing: str | None = None  # the last write error while the store is unreachable
+        self._writer = threading.Thread(target=self._write_loop, name=f"mlflow-{run_id[:8]}", daemon=True)
+        self._writer.start()
 
     @classmethod
     def open_tracker(
@@ -127,12 +143,12 @@ class MlflowTracker:
         if resume_run_id is not None:
             client.get_run(resume_run_id)  # fail early on an unknown id
             client.update_run(resume_run_id, status="RUNNING")
-            tracker = cls(client, resume_run_id)
+            tracker = cls(client, resume_run_id, uri)
             if all_tags:
                 tracker.set_tags(all_tags)
             return tracker
         run = client.create_run(experiment_id, run_name=run_name, tags=all_tags)
-        return cls(client, run.info.run_id)
+        return cls(client, run.info.run_id, uri)
 
     def log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -150,21 +166,27 @@ class MlflowTracker:
                         self.client.log_param(self.run_id, key, value)
 
     def set_tags(self, tags: dict[str, str]) -> None:
+        """Queue the tags like metrics (a checkpoint's tag must not wait on a slow store)."""
         from mlflow.entities import RunTag
 
-        for chunk in _chunks(list(tags.items()), TAG_CHUNK):
-            self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in chunk])
+        with self._lock:
+            self._tags.extend(RunTag(k, str(v)) for k, v in tags.items())
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Queue the points; the writer thread sends them (never on the caller's step)."""
         from mlflow.entities import Metric
 
         timestamp = int(time.time() * 1000)
-        for key, value in metrics.items():
-            if value is None:
-                continue
-            self._buffer.append(Metric(mlflow_metric_name(key), float(value), timestamp, int(step)))
-        if len(self._buffer) > AUTO_FLUSH:
-            self.flush()
+        points = [
+            Metric(mlflow_metric_name(k), float(v), timestamp, int(step))
+            for k, v in metrics.items()
+            if v is not None
+        ]
+        with self._lock:
+            self._buffer.extend(points)
+            pending = len(self._buffer)
+        if pending > AUTO_FLUSH:
+            self._wake.set()
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         path = Path(path)
@@ -174,22 +196,66 @@ class MlflowTracker:
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 
     def flush(self) -> None:
-        # Drop entries only once written, so a failed write can be retried (e.g. by `finish`).
-        while self._buffer:
-            chunk = self._buffer[:METRIC_CHUNK]
-            self.client.log_batch(self.run_id, metrics=chunk)
-            del self._buffer[: len(chunk)]
+        """Write every queued point now, on this thread; raises if the store refuses them."""
+        self._write_pending()
 
     def finish(self, status: str = "FINISHED", error: str | None = None) -> None:
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
         if self._finished:
             return
+        self._stop = True
+        self._wake.set()
+        self._writer.join(timeout=FLUSH_INTERVAL_S * 4)
         self.flush()
         if error:
             self.client.set_tag(self.run_id, "distill.error", error[:MAX_ERROR_CHARS])
         self.client.set_terminated(self.run_id, status=status)
         self._finished = True
+
+    def _write_pending(self) -> None:
+        # One writer at a time (the thread, or `flush` on the caller's): a point is sent once.
+        # Points are dropped only once written, so a failed write is retried.
+        with self._writing:
+            while True:
+                with self._lock:
+                    tags = self._tags[:TAG_CHUNK]
+                    chunk = [] if tags else self._buffer[:METRIC_CHUNK]
+                if not tags and not chunk:
+                    return
+                self.client.log_batch(self.run_id, metrics=chunk, tags=tags)
+                with self._lock:
+                    del self._tags[: len(tags)]
+                    del self._buffer[: len(chunk)]
+
+    def _write_loop(self) -> None:
+        """The writer thread: every FLUSH_INTERVAL_S (sooner when the queue is long), until finish."""
+        while not self._stop:
+            self._wake.wait(FLUSH_INTERVAL_S)
+            self._wake.clear()
+            if self._stop:
+                return
+            try:
+                self._write_pending()
+            except Exception as exc:  # keep the points and say so once; the run goes on
+                if self._failing is None:
+                    with self._lock:
+                        held = len(self._buffer)
+                    print(
+                        f"warning: tracking store {self.uri or 'MLflow'} unreachable ({type(exc).__name__}); "
+                        f"{held} metric points held, retrying every {FLUSH_INTERVAL_S:g} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                self._failing = f"{type(exc).__name__}: {exc}"
+                continue
+            if self._failing is not None:
+                print(
+                    f"tracking store {self.uri or 'MLflow'} reachable again; held points written",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self._failing = None
 
 
 open_tracker = MlflowTracker.open_tracker

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -18,6 +19,8 @@ class StepRecord(Protocol):
     tracker: Tracker
     # Figures a method computes during a step, merged into the trainer's log line.
     pending: dict[str, float]
+    # Seconds spent writing records since they were last taken (`perf/tracking_s`).
+    spent: float
 
     def add(self, metrics: dict[str, float]) -> None: ...
 
@@ -33,24 +36,29 @@ class StepLog:
         self.run = run
         self.tracker = tracker
         self.pending: dict[str, float] = {}
+        self.spent = 0.0
 
     def add(self, metrics: dict[str, float]) -> None:
         self.pending.update(metrics)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
+        start = time.perf_counter()
         clean = {k: float(v) for k, v in metrics.items() if v is not None and not isinstance(v, str)}
         with self.run.metrics.open("a") as fh:
             row = {"step": step, **{k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}}
             fh.write(json.dumps(row) + "\n")
         self.tracker.log_metrics(clean, step=step)
+        self.spent += time.perf_counter() - start
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         if not rows:
             return
+        start = time.perf_counter()
         self.run.samples.mkdir(exist_ok=True)
         with (self.run.samples / f"step-{step}.jsonl").open("w") as fh:
             for row in rows:
                 fh.write(json.dumps(row) + "\n")
+        self.spent += time.perf_counter() - start
 
 
 class SilentLog:
@@ -59,6 +67,7 @@ class SilentLog:
     def __init__(self, tracker: Tracker) -> None:
         self.tracker = tracker
         self.pending: dict[str, float] = {}
+        self.spent = 0.0
 
     def add(self, metrics: dict[str, float]) -> None:
         self.pending.update(metrics)

@@ -46,7 +46,7 @@ _DATA_FIELDS = (
 )
 
 
-_ADDED_FIELDS = {"max_positions": 1024, "episode_loss": "turns"}
+_ADDED_FIELDS = {"max_positions": 1024, "episode_loss": "turns", "vocab_size": None}
 
 
 def _lookup(name: str, recipes: Mapping[str, Recipe]) -> Recipe:
@@ -156,6 +156,10 @@ def ensure_built(
 
 
 def _build_tokenizer(recipe: TokenizerRecipe, domain: Domain, out: Path) -> dict[str, Any]:
+    if recipe.family == "qwen3":  # the real vocabulary: nothing to learn from the domain
+        from distill.zoo.qwen_vocab import build_qwen_tokenizer
+
+        return {"params": 0, "vocab": len(build_qwen_tokenizer(out))}
     from distill.zoo.tokenizers import train_tokenizer
 
     tok = train_tokenizer(recipe.family, domain.corpus(), recipe.vocab_size)
@@ -168,7 +172,7 @@ def make_model(recipe: ModelRecipe, tokenizer: Any) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     common = dict(
-        vocab_size=len(tokenizer),
+        vocab_size=recipe.vocab_size or len(tokenizer),
         hidden_size=recipe.hidden,
         intermediate_size=recipe.intermediate,
         num_hidden_layers=recipe.layers,
@@ -182,7 +186,10 @@ def make_model(recipe: ModelRecipe, tokenizer: Any) -> Any:
         bos_token_id=tokenizer.bos_token_id,
     )
     if recipe.arch == "qwen3":
-        return Qwen3ForCausalLM(Qwen3Config(**common))
+        model = Qwen3ForCausalLM(Qwen3Config(**common))
+        if recipe.vocab_size:  # Qwen3's own generation config ends at <|im_end|> or <|endoftext|>
+            model.generation_config.eos_token_id = sorted({tokenizer.eos_token_id, tokenizer.pad_token_id})
+        return model
     if recipe.arch == "llama":
         return LlamaForCausalLM(LlamaConfig(**common))
     raise ValueError(f"zoo recipe: unknown arch {recipe.arch!r}")
@@ -262,7 +269,7 @@ def _build_model(
     save_model(model, tokenizer, out)
     return {
         "params": sum(p.numel() for p in model.parameters()),
-        "final_loss": round(loss_value, 4),
+        "final_loss": None if math.isnan(loss_value) else round(loss_value, 4),
         **extra,
         # Per task too where the domain has tasks (`task/<id>/success`): a mean can hide one never solved.
         "eval": {k: round(v, 4) for k, v in result.metrics.items()},
@@ -331,6 +338,7 @@ def fit_examples(
             loss_value = float(loss.detach())
             advance(1)
     model.eval()
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    if not isinstance(model.generation_config.eos_token_id, list):  # a recipe's own list stays
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return loss_value

@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 class TokenizerRecipe(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: str = "tokenizer"
+    # "qwen" / "llama": trained locally on the domain's texts (tokenizers.py); "qwen3": Qwen's
+    # real vocabulary and Qwen3's real chat template, built offline (qwen_vocab.py).
     family: str
     vocab_size: int
 
@@ -46,6 +48,9 @@ class ModelRecipe(BaseModel):
     # observations included: the simulator's text echoes each action's argument ("You focus on
     # the bed."), copying practice a 2-layer agent lacks otherwise (docs/sciworld.md).
     episode_loss: Literal["turns", "all"] = "turns"
+    # The model's vocabulary (embedding rows); None: the tokenizer's length. Qwen pads its
+    # 151,669 tokens to 151,936 rows, which the real-shape recipes keep.
+    vocab_size: int | None = None
 
 
 Recipe = TokenizerRecipe | ModelRecipe
@@ -77,6 +82,18 @@ RECIPES: dict[str, Recipe] = {
     ),
     "student": student_shape(steps=300, lr=3e-3, batch_size=32, data_items=256),
 }
+
+# Real shape at tiny width: Qwen's real vocabulary (151,936 rows) and Qwen3's real chat template
+# (thinking on and off), random weights, so tests and benchmarks run the real tokenizer, template
+# and a vocabulary-sized head end to end on CPU (`zoo:student-qwen3` / `zoo:teacher-qwen3`).
+REAL_SHAPE: dict[str, Recipe] = {
+    "tok-qwen3": TokenizerRecipe(family="qwen3", vocab_size=151_669),
+    "student-qwen3": student_shape(tokenizer="tok-qwen3", vocab_size=151_936, steps=0, lr=0.0, batch_size=1),
+    "teacher-qwen3": teacher_shape(
+        tokenizer="tok-qwen3", vocab_size=151_936, steps=0, lr=0.0, batch_size=1, seed=1
+    ),
+}
+RECIPES.update(REAL_SHAPE)
 
 # A domain's own versions of some recipes (they win over RECIPES for that domain's zoo entries).
 # SciWorld: a few hundred episodes of ~1.1k tokens (median, up to ~2.5k live), so a longer context

@@ -102,7 +102,7 @@ def _manual_logprobs(engine: HFEngine, prompt: list[int], completion: list[int])
 def test_score_matches_manual_forward(engine: HFEngine) -> None:
     prompt = engine.prompt_ids(PROMPTS[0])
     completion = engine.encode("3 * 4: 4, 8, 12.\n\\boxed{12}") + [engine.tokenizer.eos_token_id]
-    (row,) = engine.score([prompt], [completion])
+    (row,) = engine.score([prompt], [completion]).rows()
     assert len(row) == len(completion)
     assert row == pytest.approx(_manual_logprobs(engine, prompt, completion), abs=1e-5)
     assert all(lp <= 0 for lp in row)
@@ -115,14 +115,14 @@ def test_score_lengths_and_padding_invariance(engine: HFEngine) -> None:
         engine.encode("smallest 1, left 3 2.\nsmallest 2, left 3.\nsmallest 3, left none.\n\\boxed{1 2 3}"),
         [],
     ]
-    batched = engine.score(prompts, completions)
+    batched = engine.score(prompts, completions).rows()
     assert [len(r) for r in batched] == [len(c) for c in completions]
     assert all(lp <= 0 for row in batched for lp in row)
     for i in range(2):
-        (alone,) = engine.score([prompts[i]], [completions[i]])
+        (alone,) = engine.score([prompts[i]], [completions[i]]).rows()
         assert batched[i] == pytest.approx(alone, abs=1e-4)
     # Small batches give the same as one batch.
-    one_by_one = engine.score(prompts, completions, batch_size=1)
+    one_by_one = engine.score(prompts, completions, batch_size=1).rows()
     assert [len(r) for r in one_by_one] == [len(r) for r in batched]
     for got, want in zip(one_by_one, batched, strict=True):
         assert got == pytest.approx(want, abs=1e-4)
@@ -135,7 +135,7 @@ def test_score_mismatched_counts(engine: HFEngine) -> None:
 
 def test_score_empty_prompt_is_an_error_not_a_silent_cut(engine: HFEngine) -> None:
     # The first token of a row has no predecessor: it cannot be scored.
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="row 0 has an empty prompt"):
         engine.score([[]], [engine.encode("12")])
 
 
@@ -221,7 +221,7 @@ def test_score_of_own_generation_is_consistent(engine: HFEngine) -> None:
     # Greedy tokens are the argmax, so their logprob is the max over the vocabulary.
     prompt = engine.prompt_ids(PROMPTS[1])
     (comp,) = engine.generate([prompt], max_new_tokens=5)
-    (row,) = engine.score([prompt], [comp.ids])
+    (row,) = engine.score([prompt], [comp.ids]).rows()
     ids = torch.tensor([prompt + comp.ids])
     with torch.no_grad():
         logprobs = torch.log_softmax(engine.model(input_ids=ids).logits[0].float(), dim=-1)

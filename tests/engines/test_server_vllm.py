@@ -83,7 +83,7 @@ def test_server_logprobs_match_hf(engines: tuple[HFEngine, ServerEngine]) -> Non
     hf, server = engines
     torch.manual_seed(0)
     prompts, completions = _rows(hf)
-    want, got = hf.score(prompts, completions), server.score(prompts, completions)
+    want, got = hf.score(prompts, completions).rows(), server.score(prompts, completions).rows()
     assert [len(r) for r in got] == [len(c) for c in completions]
     gap = max(abs(a - b) for w, g in zip(want, got, strict=True) for a, b in zip(w, g, strict=True))
     assert gap < 1e-3, gap

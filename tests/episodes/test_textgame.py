@@ -164,3 +164,21 @@ def test_distill_run_trains_on_the_new_domain(
         assert "kl/reverse_kl_mean" in merged
     if method == "sft":
         assert (run_dir / "data" / "teacher_episodes.jsonl").exists() and "teacher/ce_target_share" in merged
+
+
+def test_an_episode_that_fills_the_context_ends_failed_not_past_it(game: TextGame, tiny_zoo: Any) -> None:
+    """The context policy on episodes: a turn that would start past the model's positions is not
+    written; the episode ends, failed with the reason (counted in env/failed_episodes)."""
+    from distill.engines.hf import HFEngine
+    from distill.episodes.play import EngineAgent
+
+    engine = HFEngine.load(str(tiny_zoo.student))
+    frame = frame_for(engine.tokenizer, None)
+    (gold_play,) = play(game, game.train_items()[:1], single(gold(game)), engine.tokenizer, frame, gold=True)
+    start = gold_play.spans[0][1]  # the instruction and first observation, before turn 1
+    engine.model.config.max_position_embeddings = start + 40  # room for about one turn
+    agent = EngineAgent(engine, "student", max_new_tokens=8)
+    (ep,) = play(game, game.train_items()[:1], single(agent), engine.tokenizer, frame, max_turns=6)
+    assert ep.failed and ep.error is not None and ep.error.startswith("context full")
+    assert 1 <= len(ep.turns) < 6
+    assert len(ep.ids) >= engine.context  # it stopped where the context ran out, not earlier

@@ -28,12 +28,18 @@ def _context(
     loss: str = "token_reward_direct",
     top_k: int = 8,
     steps: int = 1,
+    temperature: float = 1.0,
 ) -> RunContext:
     config = RunConfig.model_validate(
         {
             "domain": tiny_zoo.domain.model_dump(),
             "method": OPDMethod(coef=1.0, loss=loss, top_k=top_k).model_dump(),
-            "rollout": {"prompts_per_step": 4, "num_generations": 2, "max_new_tokens": 16},
+            "rollout": {
+                "prompts_per_step": 4,
+                "num_generations": 2,
+                "max_new_tokens": 16,
+                "temperature": temperature,
+            },
             "optim": {"lr": lr, "max_steps": steps},
             "checkpoint": {"every_steps": 0},
             "seed": 3,
@@ -90,8 +96,7 @@ def _mean_logprob_of(engine: HFEngine, prompt_ids: list[list[int]], token: int) 
     return torch.log_softmax(logits, -1)[:, token].mean().item()
 
 
-# jsd reads the teacher's head weights directly (TRL's chunked kernel), so a forward hook on the
-# head cannot make it prefer a token; its direction is tested on the kernel in test_losses.py.
+# jsd's direction is tested on the chunked JSD in test_losses.py.
 @pytest.mark.parametrize("loss", ["token_reward_direct", "k1", "k3", "forward_kl_topk"])
 def test_teacher_preferring_a_token_raises_the_students_logprob_of_it(
     tmp_path: Path, tiny_zoo, loss: str
@@ -104,12 +109,11 @@ def test_teacher_preferring_a_token_raises_the_students_logprob_of_it(
     x = teacher.tokenizer.convert_tokens_to_ids("7")
     assert isinstance(x, int) and x != teacher.tokenizer.unk_token_id
 
-    def prefer_x(module, inputs, output):
-        output = output.clone()
-        output[..., x] += 4.0
-        return output
-
-    teacher.model.lm_head.register_forward_hook(prefer_x)
+    # A bias on the teacher's head: every scoring path reads the head's weight and bias (the
+    # chunked head, engines/heads.py), so this is the teacher's distribution wherever it is read.
+    bias = torch.zeros(teacher.model.lm_head.out_features)
+    bias[x] = 4.0
+    teacher.model.lm_head.bias = torch.nn.Parameter(bias, requires_grad=False)
     # Adam's first step is lr * sign(grad) per weight; a few steps let the forward-KL variant's
     # gradient (spread over the teacher's top-k at every position) show its direction.
     steps = 3 if loss == "forward_kl_topk" else 1
@@ -122,3 +126,63 @@ def test_teacher_preferring_a_token_raises_the_students_logprob_of_it(
     assert metrics["kl/reverse_kl_mean"] != pytest.approx(0.0, abs=1e-3)
     after = _mean_logprob_of(ctx.student, probe, x)
     assert after > before + 0.05, (before, after)
+
+
+def _logprobs_at(model: torch.nn.Module, inputs: dict, temperature: float) -> torch.Tensor:
+    """Completion-token logprobs from full logits at `temperature` (the plain reference)."""
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    width_P = inputs["prompt_ids"].shape[1]
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, width_P - 1 : -1].float()
+    logps = torch.log_softmax(logits / temperature, -1)
+    return logps.gather(-1, inputs["completion_ids"][..., None])[..., 0]
+
+
+@pytest.mark.parametrize("loss", ["token_reward_direct", "k1"])
+def test_signal_scores_the_student_at_temperature_one(
+    tmp_path: Path, tiny_zoo, loss: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rollouts sampled at 0.5; the distillation signal compares the two models as they are (both at
+    temperature 1), never the tempered student with the untempered teacher (docs: OPD temperature)."""
+    import copy
+
+    from distill.methods import losses, on_policy
+    from distill.methods.opd import train
+
+    student = HFEngine.load(str(tiny_zoo.student))
+    frozen = copy.deepcopy(student.model)
+    teacher = HFEngine.load(str(tiny_zoo.teacher))
+    seen: dict = {}
+    real_set, real_kl, real_loss = (
+        on_policy.set_advantages,
+        losses.direct_kl_per_token,
+        on_policy.divergence_loss,
+    )
+    keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+
+    # The batch as the loss sees it (GRPO shuffles the generated batch before the loss).
+    def divergence_loss(trainer, model, inputs):  # type: ignore[no-untyped-def]
+        seen["inputs"] = {k: inputs[k] for k in keys}
+        return real_loss(trainer, model, inputs)
+
+    def set_advantages(trainer, inputs, student_B_T):  # type: ignore[no-untyped-def]
+        seen["inputs"] = {k: inputs[k] for k in keys}
+        seen["student"] = student_B_T.detach().clone()
+        return real_set(trainer, inputs, student_B_T)
+
+    def direct_kl(name, logp_S_N, logp_T_N):  # type: ignore[no-untyped-def]
+        seen["student_N"] = logp_S_N.detach().clone()
+        return real_kl(name, logp_S_N, logp_T_N)
+
+    monkeypatch.setattr(on_policy, "divergence_loss", divergence_loss)
+    monkeypatch.setattr(on_policy, "set_advantages", set_advantages)
+    monkeypatch.setattr(losses, "direct_kl_per_token", direct_kl)
+    ctx = _context(tmp_path, tiny_zoo, student, teacher, lr=1e-3, loss=loss, temperature=0.5)
+    train(ctx)
+    inputs = seen["inputs"]
+    mask = inputs["completion_mask"].bool()
+    got = seen["student"][mask] if loss == "token_reward_direct" else seen["student_N"]
+    at_one, at_half = (_logprobs_at(frozen, inputs, t)[mask] for t in (1.0, 0.5))
+    torch.testing.assert_close(got, at_one, atol=1e-5, rtol=0)
+    assert (got - at_half).abs().max() > 1e-2

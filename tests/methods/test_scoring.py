@@ -1,4 +1,4 @@
-"""The shared on-policy scoring core: strict lengths, OPD advantages, unpadding."""
+"""The shared on-policy scoring core: strict lengths, OPD advantages, unpadding (all on tensors)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,33 @@ import math
 import pytest
 import torch
 
+from distill.engines.base import TokenScores, right_pad
 from distill.methods.scoring import check_lengths, opd_advantages, unpad_rows
+
+
+def scores(rows: list[list[float]], width: int | None = None) -> TokenScores:
+    """Right-padded [B, T] scores from per-row lists (as an engine hands them back)."""
+    width = max((len(r) for r in rows), default=0) if width is None else width
+    values = torch.zeros(len(rows), width)
+    for i, row in enumerate(rows):
+        values[i, : len(row)] = torch.tensor(row)
+    _, mask = right_pad([[0] * len(r) for r in rows], 0, width)
+    return TokenScores(values, mask.bool())
+
+
+def mask_of(tokens: list[list[int]], width: int | None = None) -> torch.Tensor:
+    return right_pad(tokens, 0, width)[1]
+
 
 # ---------------------------------------------------------------- check_lengths
 
 
 def test_check_lengths_accepts_equal_rows() -> None:
-    check_lengths([[1, 2, 3], [4], []], [[-0.1, -0.2, -0.3], [-1.0], []], [[-0.5, -0.5, -0.5], [-2.0], []])
+    check_lengths(
+        mask_of([[1, 2, 3], [4], []]),
+        scores([[-0.1, -0.2, -0.3], [-1.0], []]),
+        scores([[-0.5, -0.5, -0.5], [-2.0], []]),
+    )
 
 
 @pytest.mark.parametrize(
@@ -30,7 +50,7 @@ def test_check_lengths_per_sample_mismatch(
     tokens: list[list[int]], student: list[list[float]], teacher: list[list[float]], index: int
 ) -> None:
     with pytest.raises(ValueError, match="length mismatch") as info:
-        check_lengths(tokens, student, teacher)
+        check_lengths(mask_of(tokens, 3), scores(student, 3), scores(teacher, 3))
     assert f"sample {index}" in str(info.value)
 
 
@@ -40,16 +60,22 @@ def test_check_lengths_per_sample_mismatch(
 )
 def test_check_lengths_sample_count_mismatch(n_tok: int, n_s: int, n_t: int) -> None:
     with pytest.raises(ValueError, match="length mismatch") as info:
-        check_lengths([[1]] * n_tok, [[-1.0]] * n_s, [[-1.0]] * n_t)
+        check_lengths(mask_of([[1]] * n_tok, 1), scores([[-1.0]] * n_s), scores([[-1.0]] * n_t))
     assert f"{n_tok} samples" in str(info.value)
+
+
+def test_token_scores_check_names_the_row() -> None:
+    with pytest.raises(ValueError, match="sample 1: 2 tokens but 1 served logprobs"):
+        scores([[-1.0], [-1.0]]).check([[5], [6, 7]], "served")
+    assert scores([[-1.0], [-1.0, -2.0]]).rows() == [[-1.0], [-1.0, -2.0]]
 
 
 # ---------------------------------------------------------------- opd_advantages
 
 
 def test_teacher_equals_student_gives_zero() -> None:
-    lp = [[-0.5, -1.5, -0.1], [-2.0]]
-    adv, stats = opd_advantages(lp, lp, (2, 4), coef=5.0)
+    lp = scores([[-0.5, -1.5, -0.1], [-2.0]], 4)
+    adv, stats = opd_advantages(lp, lp, coef=5.0)
     assert adv.shape == (2, 4)
     assert adv.dtype == torch.float32
     assert torch.count_nonzero(adv) == 0
@@ -59,9 +85,7 @@ def test_teacher_equals_student_gives_zero() -> None:
 
 
 def test_sign_and_coef() -> None:
-    teacher = [[-0.5, -2.0]]
-    student = [[-1.0, -1.0]]
-    adv, stats = opd_advantages(teacher, student, (1, 3), coef=2.0)
+    adv, stats = opd_advantages(scores([[-0.5, -2.0]], 3), scores([[-1.0, -1.0]], 3), coef=2.0)
     # Teacher more confident than the student -> positive; less -> negative; scaled by coef.
     assert adv[0].tolist() == pytest.approx([2.0 * 0.5, 2.0 * -1.0, 0.0])
     kl = [-1.0 - -0.5, -1.0 - -2.0]  # logp_S - logp_T
@@ -71,18 +95,16 @@ def test_sign_and_coef() -> None:
 
 
 def test_coef_scales_linearly_and_is_not_normalised() -> None:
-    teacher = [[-0.1, -0.3, -3.0]]
-    student = [[-0.2, -0.1, -1.0]]
-    a1, _ = opd_advantages(teacher, student, (1, 3), coef=1.0)
-    a5, _ = opd_advantages(teacher, student, (1, 3), coef=5.0)
+    teacher, student = scores([[-0.1, -0.3, -3.0]]), scores([[-0.2, -0.1, -1.0]])
+    a1, _ = opd_advantages(teacher, student, coef=1.0)
+    a5, _ = opd_advantages(teacher, student, coef=5.0)
     assert torch.allclose(a5, 5 * a1)
     assert a1[0].tolist() == pytest.approx([0.1, -0.2, -2.0])  # raw gaps: no mean/std normalisation
 
 
 def test_clip_clamps_symmetrically() -> None:
-    teacher = [[0.0, -10.0, -1.0]]
-    student = [[-10.0, 0.0, -1.2]]
-    adv, stats = opd_advantages(teacher, student, (1, 4), coef=1.0, clip=2.0)
+    teacher, student = scores([[0.0, -10.0, -1.0]], 4), scores([[-10.0, 0.0, -1.2]], 4)
+    adv, stats = opd_advantages(teacher, student, coef=1.0, clip=2.0)
     assert adv[0].tolist() == pytest.approx([2.0, -2.0, 0.2, 0.0])
     # The KL metric reports the raw gap, not the clipped advantage.
     assert stats["kl/reverse_kl_mean"] == pytest.approx((-10.0 + 10.0 - 0.2) / 3)
@@ -90,14 +112,14 @@ def test_clip_clamps_symmetrically() -> None:
 
 
 def test_clip_applies_after_coef() -> None:
-    adv, _ = opd_advantages([[-1.0]], [[-1.5]], (1, 1), coef=10.0, clip=3.0)
+    adv, _ = opd_advantages(scores([[-1.0]]), scores([[-1.5]]), coef=10.0, clip=3.0)
     assert adv[0, 0].item() == pytest.approx(3.0)  # 10 * 0.5 = 5, clipped to 3
 
 
 def test_padding_beyond_each_row_stays_zero() -> None:
-    teacher = [[-0.1, -0.2, -0.3], [-0.5], []]
-    student = [[-1.0, -1.0, -1.0], [-2.0], []]
-    adv, stats = opd_advantages(teacher, student, (3, 5), coef=1.0, clip=0.5)
+    teacher = scores([[-0.1, -0.2, -0.3], [-0.5], []], 5)
+    student = scores([[-1.0, -1.0, -1.0], [-2.0], []], 5)
+    adv, stats = opd_advantages(teacher, student, coef=1.0, clip=0.5)
     assert adv[0, :3].tolist() == pytest.approx([0.5, 0.5, 0.5])
     assert adv[1, 0].item() == pytest.approx(0.5)
     assert torch.count_nonzero(adv[0, 3:]) == 0
@@ -109,16 +131,16 @@ def test_padding_beyond_each_row_stays_zero() -> None:
 
 
 def test_all_empty_rows() -> None:
-    adv, stats = opd_advantages([[], []], [[], []], (2, 3), coef=1.0)
+    adv, stats = opd_advantages(scores([[], []], 3), scores([[], []], 3), coef=1.0)
     assert torch.count_nonzero(adv) == 0
     assert all(math.isfinite(v) and v == 0.0 for v in stats.values())
 
 
 def test_opd_advantages_length_mismatch() -> None:
-    with pytest.raises(ValueError, match="length mismatch in sample 1"):
-        opd_advantages([[-1.0], [-1.0, -2.0]], [[-1.0], [-1.0]], (2, 2), coef=1.0)
-    with pytest.raises(ValueError):
-        opd_advantages([[-1.0], [-1.0]], [[-1.0]], (2, 2), coef=1.0)
+    with pytest.raises(ValueError, match="length mismatch"):
+        opd_advantages(scores([[-1.0], [-1.0, -2.0]], 2), scores([[-1.0], [-1.0]], 2), coef=1.0)
+    with pytest.raises(ValueError, match="length mismatch"):
+        opd_advantages(scores([[-1.0], [-1.0]], 2), scores([[-1.0]], 2), coef=1.0)
 
 
 # ---------------------------------------------------------------- unpad_rows

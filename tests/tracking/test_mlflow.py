@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,10 @@ def test_many_metrics_auto_flush_and_chunking(store: tuple[str, Path]) -> None:
     keys = [f"m{i}" for i in range(12)]
     for step in range(100):
         tracker.log_metrics({k: float(step) for k in keys}, step=step)
-    # 1200 entries logged, auto-flush at >500 means some are already written before flush().
+    # 1200 entries queued: past 500 the writer thread sends them, off this thread, before flush().
+    deadline = time.time() + 10
+    while not client(uri).get_metric_history(tracker.run_id, "m0") and time.time() < deadline:
+        time.sleep(0.1)
     assert len(client(uri).get_metric_history(tracker.run_id, "m0")) > 0
     tracker.flush()
     c = client(uri)

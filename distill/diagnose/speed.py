@@ -1,0 +1,108 @@
+"""Rules over where a step's time goes: the teacher (hidden or not) and the tracking store.
+
+`perf/teacher_time_s` is the teacher's own time for the trained batch; with
+`rollout.async_teacher`, `perf/overlap_s` is the part of it hidden behind the student's generation
+and training, and `perf/teacher_wait_s` what the step still waited (methods/async_teacher.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from distill.diagnose.findings import Evidence, Finding, Fix, Severity, pct
+from distill.diagnose.records import RunRecord
+
+# Synchronous teacher scoring above this share of the median step: worth overlapping.
+TEACHER_SHARE_INFO = 0.25
+# With the async teacher, less than this much of the teacher's time hidden: it is the bottleneck.
+HIDDEN_WARN = 0.5
+# Tracking above this share of step time slows every step (the writer should keep it ~0).
+TRACKING_SHARE_WARN = 0.02
+
+
+def _sum(rec: RunRecord, key: str) -> float:
+    s = rec.get(key)
+    return float(np.nansum(s.values)) if s is not None and len(s) else math.nan
+
+
+def teacher_time(rec: RunRecord) -> list[Finding]:
+    teacher, step = rec.get("perf/teacher_time_s"), rec.get("perf/step_time_s")
+    if teacher is None or step is None or not len(teacher) or not len(step):
+        return []
+    overlap = rec.get("perf/overlap_s")
+    if overlap is not None and len(overlap):
+        hidden = _sum(rec, "perf/overlap_s") / max(_sum(rec, "perf/teacher_time_s"), 1e-12)
+        wait = rec.get("perf/teacher_wait_s")
+        evidence = [
+            Evidence(
+                "teacher time hidden",
+                pct(hidden),
+                teacher.span(),
+                "sum perf/overlap_s / sum perf/teacher_time_s",
+            ),
+            Evidence("perf/teacher_time_s (median)", teacher.median(), teacher.span()),
+            Evidence("perf/teacher_wait_s (median)", wait.median() if wait else math.nan, teacher.span()),
+            Evidence("perf/step_time_s (median)", step.median(), step.span()),
+        ]
+        if hidden < HIDDEN_WARN:
+            return [
+                Finding(
+                    name="teacher_bottleneck",
+                    severity=Severity.WARNING,
+                    title=f"asynchronous teacher: only {pct(hidden)} of its time is hidden; steps wait for it",
+                    evidence=evidence,
+                    why="The teacher scores a batch slower than the student generates and trains on the "
+                    "previous one, so every step still waits for the teacher.",
+                    advice="Give the teacher more throughput: a GPU server, more vLLM replicas or tensor "
+                    "parallelism, or a shorter rollout.max_new_tokens.",
+                )
+            ]
+        return [
+            Finding(
+                name="teacher_overlap",
+                severity=Severity.INFO,
+                title=f"asynchronous teacher: {pct(hidden)} of its scoring time hidden behind the student",
+                evidence=evidence,
+                why="With rollout.async_teacher the teacher scores batch i while the student generates "
+                "batch i+1 and trains on batch i (one step stale; the loss is exact for the batch trained).",
+            )
+        ]
+    share = teacher.median() / max(step.median(), 1e-12)
+    if rec.method != "opd" or share < TEACHER_SHARE_INFO or rec.cfg("rollout.async_teacher"):
+        return []
+    return [
+        Finding(
+            name="teacher_time",
+            severity=Severity.INFO,
+            title=f"the teacher's scoring is {pct(share)} of each step, and the step waits for it",
+            evidence=[
+                Evidence("perf/teacher_time_s (median)", teacher.median(), teacher.span()),
+                Evidence("perf/step_time_s (median)", step.median(), step.span()),
+            ],
+            why="The teacher can score batch i while the student generates batch i+1 and trains on batch i.",
+            fixes=[Fix("rollout.async_teacher", "true", "hide the teacher's time behind the student's")],
+        )
+    ]
+
+
+def tracking_time(rec: RunRecord) -> list[Finding]:
+    spent, step = _sum(rec, "perf/tracking_s"), _sum(rec, "perf/step_time_s")
+    if not math.isfinite(spent) or not math.isfinite(step) or step <= 0:
+        return []
+    share = spent / step
+    if share <= TRACKING_SHARE_WARN:
+        return []
+    return [
+        Finding(
+            name="tracking_slow",
+            severity=Severity.WARNING,
+            title=f"writing the run's records took {pct(share)} of the step time",
+            evidence=[Evidence("sum perf/tracking_s / sum perf/step_time_s", pct(share))],
+            why="metrics.jsonl, samples and the MLflow queue are written on the step; MLflow itself is "
+            "written by a background thread, so this is local disk (a slow or network file system).",
+            fixes=[Fix("tracking.sample_rows", "0", "write no rollout samples per step")],
+            advice="Put the workspace (DISTILL_WORKSPACE) on a local disk.",
+        )
+    ]

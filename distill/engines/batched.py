@@ -1,0 +1,163 @@
+"""Continue many token sequences at once, each from its own KV cache (multi-turn episodes).
+
+Concurrent episodes each hold the KV cache of their last turn (`HFEngine.continue_generate`);
+decoding them one at a time leaves the model working on a single row. Here their caches are
+stacked into one batch, left-padded to the longest, every episode's new tokens (its latest
+observation) are prefilled in one forward, and all rows decode together:
+
+    row i:  [pad .. | cache_i (c_i) | pad .. | new_i (s_i) | generated ..]
+
+Padding sits inside the row and is masked; position ids are given per row (c_i, c_i + 1, ...)
+so every token keeps the position it has in its own sequence, and each row's cache comes back
+as its own contiguous DynamicCache, as `continue_generate` would have left it. A row stops at
+its EOS or its budget; its last token is never fed back (the cache ends one token short).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from distill.engines.base import Completion, KVCache
+
+if TYPE_CHECKING:
+    from distill.engines.hf import HFEngine
+
+
+def _layers(past: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """(keys, values) per layer of a plain DynamicCache; None for any other cache kind."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    layers: list[Any] = list(past.layers) if type(past) is DynamicCache else []
+    if not layers or any(type(layer) is not DynamicLayer or layer.keys is None for layer in layers):
+        return None  # sliding-window, linear-attention or offloaded layers: not stacked here
+    return [(layer.keys, layer.values) for layer in layers]
+
+
+def sample(logits_B_V: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Greedy at temperature 0; else temperature then nucleus (top-p) sampling, as `generate` does."""
+    if temperature <= 0:
+        return logits_B_V.argmax(-1)
+    probs_B_V = torch.softmax(logits_B_V.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_B_V, order_B_V = probs_B_V.sort(dim=-1, descending=True)
+        # Keep the smallest set whose mass reaches top_p (the top token always stays).
+        drop_B_V = sorted_B_V.cumsum(-1) - sorted_B_V > top_p
+        sorted_B_V = sorted_B_V.masked_fill(drop_B_V, 0.0)
+        probs_B_V = torch.zeros_like(probs_B_V).scatter(-1, order_B_V, sorted_B_V)
+    return torch.multinomial(probs_B_V, 1)[:, 0]
+
+
+def _stack(caches: list[list[tuple[torch.Tensor, torch.Tensor]] | None], lengths: list[int]) -> Any:
+    """One DynamicCache for the batch: each row's cache left-padded to the longest."""
+    from transformers import DynamicCache
+
+    width = max(lengths)
+    if width == 0:
+        return None
+    template = next(c for c in caches if c is not None)
+    stacked = []
+    for layer, (k0, _) in enumerate(template):
+        heads, dim = k0.shape[1], k0.shape[3]
+        keys, values = [], []
+        for cache, n in zip(caches, lengths, strict=True):
+            pad = k0.new_zeros((1, heads, width - n, dim))
+            k, v = cache[layer] if cache is not None else (k0[:, :, :0], k0[:, :, :0])
+            keys.append(torch.cat([pad, k], dim=2))
+            values.append(torch.cat([pad, v], dim=2))
+        stacked.append((torch.cat(keys), torch.cat(values)))
+    return DynamicCache(ddp_cache_data=stacked)
+
+
+def _split(past: Any, mask_B_L: torch.Tensor) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Each row's unmasked cache positions, in order: its own contiguous cache."""
+    rows = []
+    for i in range(mask_B_L.shape[0]):
+        keep = mask_B_L[i].bool()
+        rows.append(
+            [(layer.keys[i : i + 1, :, keep], layer.values[i : i + 1, :, keep]) for layer in past.layers]
+        )
+    return rows
+
+
+def continue_many(
+    engine: HFEngine,
+    rows: Sequence[Sequence[int]],
+    caches: Sequence[KVCache | None],
+    budgets: Sequence[int],
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+) -> list[tuple[Completion, KVCache]] | None:
+    """One completion per row (at most `budgets[i]` >= 1 new tokens), reusing each row's cache
+    where it holds a prefix of the row; None when a cache is of a kind this cannot stack (the
+    caller continues the rows one at a time)."""
+    from transformers import DynamicCache
+
+    model, device = engine.model, engine.model.device
+    reused: list[list[tuple[torch.Tensor, torch.Tensor]] | None] = []
+    kept: list[int] = []
+    for ids, cache in zip(rows, caches, strict=True):
+        prefix = cache.ids if cache is not None and cache.past is not None else []
+        if 0 < len(prefix) < len(ids) and list(ids[: len(prefix)]) == prefix:
+            assert cache is not None
+            layers = _layers(cache.past)
+            if layers is None:
+                return None
+            reused.append(layers)
+            kept.append(len(prefix))
+        else:
+            reused.append(None)
+            kept.append(0)
+    pad = int(engine.tokenizer.pad_token_id)
+    new = [list(ids[n:]) for ids, n in zip(rows, kept, strict=True)]
+    width_C, width_S = max(kept), max(len(s) for s in new)
+    batch = len(rows)
+    ids_B_S = torch.full((batch, width_S), pad, dtype=torch.long)
+    mask_B_L = torch.zeros((batch, width_C + width_S), dtype=torch.long)
+    pos_B_S = torch.zeros((batch, width_S), dtype=torch.long)
+    for i, (n, s) in enumerate(zip(kept, new, strict=True)):
+        ids_B_S[i, width_S - len(s) :] = torch.tensor(s, dtype=torch.long)
+        mask_B_L[i, width_C - n : width_C] = 1
+        mask_B_L[i, width_C + width_S - len(s) :] = 1
+        pos_B_S[i] = torch.arange(n + len(s) - width_S, n + len(s)).clamp(min=n)
+    past = _stack(reused, kept)
+    eos = engine.eos_ids
+    generated: list[list[int]] = [[] for _ in rows]
+    active = [True] * batch
+    next_pos = [n + len(s) for n, s in zip(kept, new, strict=True)]
+    inputs, positions = ids_B_S, pos_B_S
+    with torch.inference_mode():
+        while True:
+            out = model(
+                input_ids=inputs.to(device),
+                attention_mask=mask_B_L.to(device),
+                position_ids=positions.to(device),
+                cache=past if past is not None else DynamicCache(),
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            past = out.cache
+            tokens = sample(out.logits[:, -1], temperature, top_p).tolist()
+            feed = []
+            for i, tok in enumerate(tokens):
+                if active[i]:
+                    generated[i].append(tok)
+                    active[i] = tok not in eos and len(generated[i]) < budgets[i]
+                feed.append(active[i])
+            if not any(feed):
+                break
+            # Rows still writing feed their last token; finished rows feed a masked pad.
+            inputs = torch.tensor([[g[-1] if on else pad] for g, on in zip(generated, feed, strict=True)])
+            positions = torch.tensor([[p + len(g) - 1] for p, g in zip(next_pos, generated, strict=True)])
+            mask_B_L = torch.cat([mask_B_L, torch.tensor(feed, dtype=torch.long)[:, None]], dim=1)
+    results = []
+    for i, layers in enumerate(_split(past, mask_B_L)):
+        seen = list(rows[i]) + generated[i]
+        cache_ids = seen[: layers[0][0].shape[2]]
+        results.append(
+            (engine.completion(generated[i], eos), KVCache(DynamicCache(ddp_cache_data=layers), cache_ids))
+        )
+    return results

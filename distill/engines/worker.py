@@ -1,0 +1,109 @@
+"""An HFEngine in its own process: the teacher scores there while the trainer's process generates
+and trains (`rollout.async_teacher` with `teacher.engine=hf`).
+
+The worker loads the model itself (spawned, so it shares no CUDA context or thread pool with the
+trainer) and answers `score` requests over a pipe; tensors come back through torch's shared
+memory. It exits when asked, when its parent's end of the pipe closes, or with its parent.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from distill.engines.base import TokenScores
+
+START_TIMEOUT_S = 600.0
+
+
+def _serve(conn: Any, path: str, precision: str, enable_thinking: bool | None, threads: int | None) -> None:
+    import torch
+
+    from distill.engines.hf import HFEngine
+
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        engine = HFEngine.load(path, precision, enable_thinking)
+        conn.send(("ready", None))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, then this process ends
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            return  # the parent is gone
+        if request is None:
+            return
+        kwargs = request
+        try:
+            conn.send(("ok", engine.score(**kwargs)))
+        except Exception as exc:  # noqa: BLE001 - the parent raises it on its side
+            conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"))
+
+
+class WorkerEngine:
+    """`score` of an HFEngine that lives in another process (one request at a time)."""
+
+    def __init__(
+        self,
+        path: str,
+        precision: str = "fp32",
+        enable_thinking: bool | None = None,
+        threads: int | None = None,
+    ):
+        import torch.multiprocessing as mp
+
+        context = mp.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._proc = context.Process(
+            target=_serve,
+            args=(child, path, precision, enable_thinking, threads),
+            name="distill-teacher",
+            daemon=True,
+        )
+        self._proc.start()
+        child.close()
+        if not self._conn.poll(START_TIMEOUT_S):
+            self.close()
+            raise RuntimeError(f"teacher worker: {path} not loaded after {START_TIMEOUT_S:g} s")
+        kind, value = self._conn.recv()
+        if kind != "ready":
+            self.close()
+            raise RuntimeError(f"teacher worker could not load {path}: {value}")
+
+    def score(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+        top_k: int = 0,
+        states: bool = False,
+    ) -> TokenScores:
+        request = {
+            "prompt_ids": [list(p) for p in prompt_ids],
+            "completion_ids": [list(c) for c in completion_ids],
+            "top_k": top_k,
+            "states": states,
+        }
+        try:
+            self._conn.send(request)
+            kind, value = self._conn.recv()
+        except (EOFError, OSError) as exc:
+            raise RuntimeError(f"teacher worker stopped (exit code {self._proc.exitcode})") from exc
+        if kind != "ok":
+            raise RuntimeError(f"teacher worker: {value}")
+        return value
+
+    def close(self) -> None:
+        try:
+            self._conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self._proc.join(timeout=10)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(timeout=5)
+        self._conn.close()

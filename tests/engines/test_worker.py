@@ -1,0 +1,42 @@
+"""WorkerEngine: an HFEngine in a spawned process answers `score` as the in-process engine does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from distill.engines.hf import HFEngine
+from distill.engines.worker import WorkerEngine
+
+pytestmark = pytest.mark.integration
+
+
+def test_worker_scores_like_the_engine_and_names_its_errors(tiny_zoo: Any) -> None:
+    local = HFEngine.load(str(tiny_zoo.teacher))
+    prompts = [local.prompt_ids("Sort: 3 1 2"), local.prompt_ids("Add 2 and 5.")]
+    completions = [local.tokenizer.encode("1 2 3")[:5], local.tokenizer.encode("7")[:5]]
+    worker = WorkerEngine(str(tiny_zoo.teacher), threads=1)
+    try:
+        remote = worker.score(prompts, completions, top_k=3, states=True)
+        expected = local.score(prompts, completions, top_k=3, states=True)
+        assert remote.lengths() == [len(c) for c in completions]
+        torch.testing.assert_close(remote.logprobs_B_T, expected.logprobs_B_T, atol=1e-5, rtol=0)
+        torch.testing.assert_close(remote.topk()[1], expected.topk()[1], atol=1e-5, rtol=0)
+        assert remote.states_B_T_H is not None and expected.states_B_T_H is not None
+        torch.testing.assert_close(remote.states_B_T_H, expected.states_B_T_H, atol=1e-5, rtol=0)
+        with pytest.raises(
+            RuntimeError, match="teacher worker: ValueError: score: 2 prompts but 1 completions"
+        ):
+            worker.score(prompts, completions[:1])
+        # Still serving after a bad request.
+        assert worker.score(prompts[:1], completions[:1]).lengths() == [len(completions[0])]
+    finally:
+        worker.close()
+    assert not worker._proc.is_alive()
+
+
+def test_worker_that_cannot_load_says_which_model(tmp_path: Any) -> None:
+    with pytest.raises(RuntimeError, match=f"teacher worker could not load {tmp_path}"):
+        WorkerEngine(str(tmp_path))
