@@ -28,6 +28,7 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -44,6 +45,23 @@ SYSTEMS = (
     "distill:jsd",
     "trl:distillation",
 )
+
+
+def fixed_length() -> None:
+    """Every rollout exactly max_new_tokens long (EOS suppressed until then), in every system: the
+    same token budget per step, whatever each system's weights have drifted to."""
+    from transformers.generation.utils import GenerationMixin
+
+    original = GenerationMixin.generate
+
+    def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        config = kwargs.get("generation_config")
+        budget = kwargs.get("max_new_tokens") or getattr(config, "max_new_tokens", None)
+        if interleave.current() is not None and budget:
+            kwargs["min_new_tokens"] = budget
+        return original(self, *args, **kwargs)
+
+    GenerationMixin.generate = generate  # type: ignore[method-assign]
 
 
 def instrument() -> None:
@@ -250,7 +268,9 @@ def run_shape(args: argparse.Namespace, systems: list[str], workspace: Path) -> 
     if profiler is not None:
         stats = pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative")
         print(f"\nprofile of {args.profile} (measured steps, cumulative):", file=sys.stderr)
-        stats.print_stats(40)
+        stats.print_stats(30)
+        print(f"\n{args.profile}: distill's own code (cumulative):", file=sys.stderr)
+        stats.print_stats(r"/distill/(methods|tracking|progress|engines|domains)", 30)
     return {name: medians(baton.steps[name], args.warmup) for name in systems if name not in baton.errors}
 
 
@@ -258,7 +278,8 @@ def table(results: dict[str, dict[str, float]], args: argparse.Namespace) -> str
     floor = results.get("floor", {}).get("total")
     trl = results.get("trl:distillation", {}).get("total")
     lines = [
-        f"{args.rows} rollouts x <= {args.tokens} new tokens, {args.pair} pair, rollout temperature "
+        f"{args.rows} rollouts x {'<= ' if args.free_length else ''}{args.tokens} new tokens, {args.pair} pair, "
+        f"rollout temperature "
         f"{args.temperature}, {args.threads} thread(s); medians of {args.steps} interleaved steps after "
         f"{args.warmup} warm-up (seconds)",
         "",
@@ -286,6 +307,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--profile", help="cProfile this system's measured steps (to stderr)")
+    parser.add_argument(
+        "--free-length", action="store_true", help="let rollouts end at EOS (default: exactly --tokens each)"
+    )
     parser.add_argument("--out", type=Path, help="append the table to this markdown file")
     parser.add_argument("--json", type=Path, help="write the medians here")
     args = parser.parse_args()
@@ -302,6 +326,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     pair_paths(args.pair)  # build the zoo pair once, before any timing
     instrument()
+    if not args.free_length:
+        fixed_length()
     with tempfile.TemporaryDirectory(prefix="opd-step-") as tmp:
         results = run_shape(args, systems, Path(tmp))
     text = table(results, args)

@@ -13,6 +13,11 @@ its KV cache is B*T*layers*kv_heads*head_dim, not vocabulary-sized):
 - opd:<loss>: student and teacher scoring, the advantages, the loss forward + backward and an
   AdamW step; token_reward_direct: GRPOTrainer's loss on the per-token logps distill's trainer
   gives it; the divergence losses (jsd included) through `methods.opd.divergence_loss`;
+- opd-xf:<loss>: the same OPD step through the cross-family path (methods/cross_family.py) with
+  `method.cross_family=always`, which forces it for the one tokenizer the pair shares: each row
+  aligned into byte groups, the group targets on the batch grid, the group loss through the same
+  chunked head; the pair's CrossFamily (bridge, vocabulary map) is built before the peak is reset,
+  as a run builds it once;
 - rose: CE on the teacher's continuation (the second half of each row) + AdamW;
 - sft: CE on the whole completion (distill's SFTTrainer loss) + AdamW;
 - opsd: the student scored under its plain prompt and, frozen, under a privileged prompt ~3x as
@@ -42,12 +47,17 @@ KINDS = (
     "opd:k3",
     "opd:forward_kl_topk",
     "opd:jsd",
+    "opd-xf:token_reward_direct",
+    "opd-xf:forward_kl_topk",
     "rose",
     "sft",
     "opsd",
 )
 VOCAB = 151_936
 TOP_K = 32
+# opd-xf kinds: the step's alignment figures (kl/aligned_share, bridge/seam_failure_rate, ...),
+# reported beside the memory so a test can see the cross path really supervised the tokens.
+FIGURES: dict[str, float] = {}
 
 
 def rss_kb(field: str) -> int:
@@ -126,7 +136,18 @@ def grpo_loss(model: Any, inputs: dict[str, Any], advantages: Any, fused: bool =
     return -(ratio * advantages * comp_mask).sum() / comp_mask.sum()
 
 
-def run_step(kind: str, student: Any, teacher: Any, rows: int, tokens: int) -> None:
+def cross_family(kind: str, student: Any, teacher: Any) -> Any:
+    """opd-xf kinds: the pair's CrossFamily with the cross path forced (None for other kinds)."""
+    if not kind.startswith("opd-xf:"):
+        return None
+    from distill.config import OPDMethod
+    from distill.methods.cross_family import CrossFamily
+
+    method = OPDMethod(loss=kind.split(":")[1], top_k=TOP_K, cross_family="always")
+    return CrossFamily(student.tokenizer, teacher.tokenizer, method)
+
+
+def run_step(kind: str, student: Any, teacher: Any, rows: int, tokens: int, cross: Any = None) -> None:
     """One step of `kind` (see the module docstring)."""
     import torch
 
@@ -144,7 +165,7 @@ def run_step(kind: str, student: Any, teacher: Any, rows: int, tokens: int) -> N
         labels[:, : ids.shape[1] - (tokens // 2 if kind == "rose" else tokens)] = -100
         loss = _ce(kind, student.model, ids, mask, labels)
     else:
-        loss = _on_policy_loss(kind, student, teacher, prompts, completions, inputs)
+        loss = _on_policy_loss(kind, student, teacher, prompts, completions, inputs, cross)
     loss.backward()
     optim.step()
 
@@ -165,14 +186,13 @@ def _on_policy_loss(
     prompts: list[list[int]],
     completions: list[list[int]],
     inputs: dict[str, Any],
+    cross: Any = None,
 ) -> Any:
-    from types import SimpleNamespace
-
     from distill.config import OPDMethod
     from distill.methods.on_policy import divergence_loss
     from distill.methods.scoring import opd_advantages
 
-    loss_name = kind.split(":")[1] if kind.startswith("opd:") else "token_reward_direct"
+    loss_name = kind.split(":")[1] if kind.startswith(("opd:", "opd-xf:")) else "token_reward_direct"
     if kind == "opsd":  # the frozen student under a privileged prompt ~3x as long
         teacher_prompts = [p + p[1:] + p[1:] for p in prompts]
         scorer = student
@@ -180,6 +200,8 @@ def _on_policy_loss(
         teacher_prompts, scorer = prompts, teacher
     own = student.score(prompts, completions)
     top_k = TOP_K if loss_name == "forward_kl_topk" else 0
+    if cross is not None:  # the teacher scores each row's crossed ids; targets per byte group
+        return _cross_loss(cross, loss_name, student, teacher, own, (prompts, completions), inputs)
     theirs = scorer.score(teacher_prompts, completions, top_k=top_k)
     advantages, _ = opd_advantages(theirs, own, coef=1.0)
     if loss_name == "token_reward_direct":
@@ -198,16 +220,51 @@ def _on_policy_loss(
                 inputs["completion_ids"],
                 inputs["completion_mask"],
             )
-    method = OPDMethod(loss=loss_name, top_k=TOP_K)
+    return divergence_loss(_trainer(OPDMethod(loss=loss_name, top_k=TOP_K), teacher), student.model, inputs)
+
+
+def _trainer(method: Any, teacher: Any, cross: Any = None) -> Any:
+    """The attributes of OPDTrainer that the loss functions read."""
+    from types import SimpleNamespace
+
     ctx = SimpleNamespace(
         method_as=lambda _: method, log=SimpleNamespace(add=lambda _: None), local_teacher=lambda: teacher
     )
-    trainer = SimpleNamespace(
+    return SimpleNamespace(
         distill_ctx=ctx,
         accelerator=SimpleNamespace(unwrap_model=lambda m: m),
         state=SimpleNamespace(global_step=0),
+        cross=cross,
     )
-    return divergence_loss(trainer, student.model, inputs)
+
+
+def _cross_loss(
+    cross: Any,
+    loss_name: str,
+    student: Any,
+    teacher: Any,
+    own: Any,
+    batch: tuple[list[list[int]], list[list[int]]],
+    inputs: dict[str, Any],
+) -> Any:
+    """opd-xf: align, score the crossed ids, place the group targets, and the group loss (the
+    trainer's path: on_policy.set_advantages / divergence_loss with `trainer.cross` set)."""
+    from distill.config import OPDMethod
+    from distill.methods.cross_family import group_advantages
+    from distill.methods.on_policy import divergence_loss
+
+    prompts, completions = batch
+    samples = cross.align(completions)
+    top_k = TOP_K if loss_name == "forward_kl_topk" else 0
+    theirs = teacher.score(prompts, [s.teacher_ids for s in samples], top_k=top_k)
+    targets, figures = cross.targets(samples, theirs, inputs["completion_mask"])
+    FIGURES.update(figures)
+    inputs.update(targets)
+    method = OPDMethod(loss=loss_name, top_k=TOP_K, cross_family="always")
+    if loss_name == "token_reward_direct":
+        advantages, _, _ = group_advantages(method, cross.mode, inputs, own.logprobs_B_T.detach())
+        return grpo_loss(student.model, inputs, advantages)
+    return divergence_loss(_trainer(method, teacher, cross), student.model, inputs)
 
 
 def child(
@@ -227,10 +284,11 @@ def child(
         add_fused_lm_head(student.model)
     for p in teacher.model.parameters():
         p.requires_grad_(False)
+    cross = cross_family(kind, student, teacher)  # once per run, before the step's peak
     base_kb = rss_kb("VmRSS")
     reset_peak()
     start = time.perf_counter()
-    run_step(kind, student, teacher, rows, tokens)
+    run_step(kind, student, teacher, rows, tokens, cross)
     seconds = time.perf_counter() - start
     peak_kb = rss_kb("VmHWM")
     return {
@@ -240,6 +298,7 @@ def child(
         "base_mb": base_kb / 1024,
         "added_mb": (peak_kb - base_kb) / 1024,
         "seconds": seconds,
+        **({"figures": dict(FIGURES)} if FIGURES else {}),
     }
 
 

@@ -1,8 +1,11 @@
 """The path of one run: config -> domain -> engines -> eval before -> method -> eval after -> summary.
 
 The run directory (`tracking.rundir.RunDir`) and the MLflow run are written side by side;
-`summary.json` is the small record `distill runs` lists. A run that raises is marked FAILED with
-its error (in both places), an interrupted one KILLED; none is left RUNNING by an exception.
+`summary.json` is the small record `distill runs` lists. One process writes a run at a time
+(`tracking.lock`). A run that raises is marked FAILED with its error (in both places), an
+interrupted one KILLED; none is left RUNNING by an exception, and every exit path logs the run's
+files to MLflow. A resume gets a fresh MLflow run equal to the trimmed `metrics.jsonl`
+(`tracking.record`); a SIGKILLed run is brought to the same record by `distill runs --repair`.
 Under `accelerate launch` every process runs `execute`: rank 0 owns the run directory and the
 MLflow run, the other ranks train the run it created (`train_worker`).
 """
@@ -20,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distill import __version__, launch
-from distill.config import ModelConfig, RunConfig, dump_config, flatten
+from distill.config import ModelConfig, RunConfig, dump_config
 from distill.tracking.rundir import RunDir, new_run_id, resolve_tracking_uri
 
 if TYPE_CHECKING:
@@ -48,31 +51,78 @@ def execute(
     callbacks: Sequence[Any] = (),
 ) -> dict[str, Any]:
     """Run `config` (or continue run `resume` from its last checkpoint); returns its summary.
-    `callbacks`: extra transformers TrainerCallbacks for the method's trainer."""
+    `callbacks`: extra transformers TrainerCallbacks for the method's trainer. A bad run name,
+    an unknown `resume` or a run another process is writing raise RunRefused before anything
+    is written; resuming a FINISHED run changes nothing."""
     from distill.engines.compat import check_config
+    from distill.tracking.lock import RunLock
+    from distill.zoo.check import check_models
 
     # Under `accelerate launch` every process runs this: rank 0 owns the run dir and MLflow run.
     launch.init_distributed()
     if not launch.is_main_process():
         return train_worker(settings)
-    argv = argv if argv is not None else sys.argv
+    argv = list(argv if argv is not None else sys.argv)
     if resume is not None:
         run = RunDir.find(settings, resume)
+        lock = RunLock.acquire(run)  # one writer per run: a live one makes this a RunRefused
+        note = finished_note(run)
+        if note is not None:
+            lock.release()
+            say(note)
+            return run.read_summary()
+    else:
+        if config is None:
+            raise ValueError("execute: give a config or a run to resume")
+        check_config(config, check_install=True)  # before anything exists on disk
+        check_models(config)  # a typo'd model fails in a second, not after a run dir exists
+        run = RunDir.create(
+            settings.runs_dir, config.tracking.run_name or new_run_id(config.domain.name, config.method.name)
+        )
+        lock = RunLock.acquire(run)
+        dump_config(config, run.config)
+    with lock:
+        return _execute(run, config, settings, argv, resume is not None, say, callbacks)
+
+
+def finished_note(run: RunDir) -> str | None:
+    """The one line `--resume` of a FINISHED run prints instead of running its final eval again."""
+    try:
+        if run.read_summary().get("status") != "FINISHED":
+            return None
+    except ValueError:  # an unreadable summary.json: the resume itself says what is wrong
+        return None
+    return f"run {run.name} is FINISHED; nothing to resume (`distill runs`, `distill diagnose {run.name}`)"
+
+
+def _execute(
+    run: RunDir,
+    config: RunConfig | None,
+    settings: Settings,
+    argv: list[str],
+    resuming: bool,
+    say: Say,
+    callbacks: Sequence[Any],
+) -> dict[str, Any]:
+    from distill.tracking.base import NullTracker
+
+    resume_from = None
+    if resuming:
         config = run.read_config()
         summary = run.read_summary()
         resume_from = run.last_checkpoint()
         run.trim_metrics(int(resume_from.name[5:]) if resume_from else 0)
         summary.setdefault("tracking_uri", resolve_tracking_uri(config, settings))
-        say(f"resuming {run.name} from {resume_from.name if resume_from else 'the start'}")
+        # The manifest keeps the command that started the run; each resume is recorded beside it.
+        summary.setdefault("argv", _manifest_argv(run) or argv)
+        at = resume_from.name if resume_from else "the start"
+        summary["resumes"] = [*summary.get("resumes", []), {"argv": argv, "at": _now(), "from": at}]
+        say(f"resuming {run.name} from {at}")
     else:
-        if config is None:
-            raise ValueError("execute: give a config or a run to resume")
-        check_config(config, check_install=True)  # before anything exists on disk
-        run = RunDir.create(
-            settings.runs_dir, config.tracking.run_name or new_run_id(config.domain.name, config.method.name)
-        )
-        dump_config(config, run.config)
-        summary, resume_from = {"tracking_uri": resolve_tracking_uri(config, settings)}, None
+        assert config is not None
+        summary = {"tracking_uri": resolve_tracking_uri(config, settings), "argv": argv}
+    for stale in ("error", "finished"):  # how an earlier attempt ended
+        summary.pop(stale, None)
     summary.update(
         run_id=run.name,
         status="RUNNING",
@@ -86,37 +136,81 @@ def execute(
         distill_version=__version__,
     )
     run.write_summary(summary)
-    tracker = _open_tracker(config, settings, run, summary)
-    summary["mlflow_run_id"] = tracker.run_id
-    run.write_summary(summary)
-    # The other ranks start only once the run exists in both places (a rank failing early must not
-    # get rank 0 killed in the middle of creating the MLflow store).
-    launch.broadcast((str(run.path), str(resume_from) if resume_from else None))
+    job = Job(config, settings, run, NullTracker(), summary, resume_from, summary["argv"], say, callbacks)
     domains: list[Domain] = []  # closed below, also on error / Ctrl-C: a domain may hold simulators
     try:
-        _train_and_evaluate(
-            Job(config, settings, run, tracker, summary, resume_from, argv, say, callbacks), domains
-        )
+        job.tracker = _open_tracker(job, resuming)
+        # The other ranks start only once the run exists in both places (a rank failing early must
+        # not get rank 0 killed in the middle of creating the MLflow store).
+        launch.broadcast((str(run.path), str(resume_from) if resume_from else None))
+        _train_and_evaluate(job, domains)
     except BaseException as exc:
-        status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
-        # A SIGTERM from the launcher can surface wrapped (e.g. inside a lazy import): name it.
-        summary.update(status=status, error=launch.stopped_message() or f"{type(exc).__name__}: {exc}")
-        run.error_log.write_text(traceback.format_exc())
-        summary["finished"] = _now()
-        run.write_summary(summary)
-        tracker.finish(status, error=summary["error"])
+        _end_failed(job, exc)
         raise
     finally:
         for domain in domains:
             domain.close()
     summary.update(status="FINISHED", finished=_now())
-    summary.pop("error", None)
-    run.write_summary(summary)
-    _diagnose_at_end(run, tracker, summary, say)
-    run.write_summary(summary)
-    tracker.log_artifact(run.summary)
-    tracker.finish("FINISHED")
+    _end(job, "FINISHED")
     return summary
+
+
+def _manifest_argv(run: RunDir) -> list[str] | None:
+    """The first command of a run made before summary.json kept it (its manifest's)."""
+    try:
+        argv = run.read_manifest().get("argv")
+    except ValueError:
+        return None
+    return list(argv) if isinstance(argv, list) else None
+
+
+def _end_failed(job: Job, exc: BaseException) -> None:
+    """FAILED (KILLED on Ctrl-C / SIGTERM), with the error, traceback and full record."""
+    status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+    # A SIGTERM from the launcher can surface wrapped (e.g. inside a lazy import): name it.
+    error = launch.stopped_message() or f"{type(exc).__name__}: {exc}"
+    job.summary.update(status=status, error=error, finished=_now())
+    job.run.error_log.write_text(traceback.format_exc())
+    job.run.write_summary(job.summary)  # the outcome first: what follows may be slow, or fail
+    _record_preflight_failure(job.run, exc)
+    _end(job, status)
+
+
+def _end(job: Job, status: str) -> None:
+    """Every exit path: diagnosis, the run's files to MLflow, the MLflow run closed. A store that
+    refuses costs a warning, never the run's outcome (nor hides its error)."""
+    from distill.tracking.record import log_record
+
+    run, tracker, summary, say = job.run, job.tracker, job.summary, job.say
+    run.write_summary(summary)  # the outcome first: diagnose reads it, and what follows may fail
+    _diagnose_at_end(run, summary, say)
+    run.write_summary(summary)
+    log_record(run, tracker, say)
+    try:
+        tracker.finish(status, error=summary.get("error"))
+    except Exception as exc:
+        say(
+            f"warning: MLflow run {tracker.run_id} not closed ({type(exc).__name__}: {exc}); "
+            f"`distill runs --repair {run.name}` brings it level"
+        )
+
+
+def _record_preflight_failure(run: RunDir, exc: BaseException) -> None:
+    """A first-batch preflight check (in the trainer) that stopped the run goes into preflight.json."""
+    module = sys.modules.get("distill.methods.preflight")  # not loaded: not a PreflightError
+    if module is None or not isinstance(exc, module.PreflightError) or exc.report is not None:
+        return
+    name, entry = module.failure_entry(exc)
+    report = run.read_preflight()
+    report.setdefault("checks", {})[name] = entry
+    run.write_preflight(report)
+
+
+def repair_runs(settings: Settings, ref: str | None, say: Say) -> int:
+    """`distill runs --repair [RUN]` (`tracking.record.repair_runs`), with the run path's diagnosis."""
+    from distill.tracking.record import repair_runs as repair
+
+    return repair(settings, ref, say, _diagnose_at_end)
 
 
 @dataclass
@@ -134,8 +228,9 @@ class Job:
     callbacks: Sequence[Any] = ()
 
 
-def _diagnose_at_end(run: RunDir, tracker: Tracker, summary: dict[str, Any], say: Say) -> None:
-    """The diagnose summary of DESIGN's run path: findings in summary.json, report and plots logged."""
+def _diagnose_at_end(run: RunDir, summary: dict[str, Any], say: Say) -> None:
+    """The diagnose summary of DESIGN's run path: findings in summary.json, report and plots in
+    `diagnose/` (logged with the run's other files)."""
     try:
         from distill.diagnose.findings import Severity
         from distill.diagnose.records import load_run
@@ -145,37 +240,18 @@ def _diagnose_at_end(run: RunDir, tracker: Tracker, summary: dict[str, Any], say
     except Exception as exc:  # a diagnosis that fails must not fail a finished run
         say(f"diagnose: skipped ({type(exc).__name__}: {exc})")
         return
-    if run.diagnose.is_dir():
-        tracker.log_artifact(run.diagnose, "diagnose")
     summary["diagnose"] = {
         "counts": report.counts(),
         "findings": [f.name for f in report.findings if f.severity >= Severity.WARNING],
     }
 
 
-def _open_tracker(config: RunConfig, settings: Settings, run: RunDir, summary: dict[str, Any]) -> Tracker:
-    from distill.tracking.mlflow import git_tags, open_tracker
+def _open_tracker(job: Job, resuming: bool) -> Tracker:
+    from distill.tracking.record import open_run_tracker
 
-    tags = {
-        "domain": config.domain.name,
-        "method": config.method.name,
-        "student": config.student.name,
-        "teacher": config.teacher.name,
-        "distill.version": __version__,
-        "distill.run_dir": str(run.path.resolve()),
-        **git_tags(),
-    }
-    tracker = open_tracker(
-        str(summary["tracking_uri"]),
-        config.tracking.experiment,
-        settings.artifact_root,
-        run_name=run.name,
-        resume_run_id=summary.get("mlflow_run_id"),
-        tags=tags,
+    return open_run_tracker(
+        job.config, job.settings, job.run, job.summary, job.resume_from, resuming, job.say
     )
-    if not summary.get("mlflow_run_id"):
-        tracker.log_params(flatten(config.model_dump(mode="json")))
-    return tracker
 
 
 def load_engine(spec: ModelConfig, config: RunConfig, settings: Settings) -> Engine:
@@ -237,7 +313,6 @@ def _prepare(
 
 
 def _train_and_evaluate(job: Job, domains: list[Domain]) -> None:
-    from distill.archive.manifest import build_manifest
     from distill.methods.context import RunContext
     from distill.tracking.steplog import StepLog
 
@@ -246,10 +321,11 @@ def _train_and_evaluate(job: Job, domains: list[Domain]) -> None:
     train, domain, student, teacher = _prepare(config, job.settings)
     domains.append(domain)
     _check_budgets(config, domain, student, teacher, summary, say)
-    _preflight(config, domain, student, teacher, say)
-    run.write_manifest(build_manifest(config, job.argv, tracker.run_id, student, teacher))
-    tracker.log_artifact(run.config)
-    tracker.log_artifact(run.manifest)
+    _preflight(config, domain, student, teacher, say, run)
+    run.write_manifest(_manifest(job, student, teacher))
+    for path in (run.config, run.manifest, run.preflight):
+        if path.exists():
+            tracker.log_artifact(path)
     log = StepLog(run, tracker)
     evaluate = _run_eval(job, domain, log)
     if "student_before" not in summary:
@@ -278,11 +354,6 @@ def _train_and_evaluate(job: Job, domains: list[Domain]) -> None:
     summary["steps"] = config.optim.max_steps
     summary["seconds"] = round(time.time() - start + summary.get("seconds", 0.0), 1)
     tracker.set_tags({"checkpoint.final": str(run.checkpoint(config.optim.max_steps))})
-    for folder in (run.eval, run.samples):
-        if folder.exists():
-            tracker.log_artifact(folder, folder.name)
-    if run.metrics.exists():
-        tracker.log_artifact(run.metrics)
 
 
 def _run_eval(job: Job, domain: Domain, log: Any) -> Callable[[Engine, str, int, str], EvalResult]:
@@ -302,29 +373,59 @@ def _run_eval(job: Job, domain: Domain, log: Any) -> Callable[[Engine, str, int,
     return run_eval
 
 
+def _manifest(job: Job, student: Engine, teacher: Engine) -> dict[str, Any]:
+    """The manifest of what the run started from. A resume keeps the start (model pins, git state,
+    packages, hardware) and refuses models that changed since: the rest of the run would train
+    against another teacher; its own git state and packages go under `resumes`."""
+    from distill.archive.manifest import build_manifest, check_same_start
+
+    manifest = build_manifest(job.config, job.argv, job.tracker.run_id, student, teacher)
+    previous = job.run.read_manifest() if job.resume_from is not None and job.run.manifest.exists() else None
+    if previous is not None:
+        check_same_start(previous, manifest)
+        resumes = job.summary.get("resumes", [])
+        if resumes:
+            resumes[-1].update(git=manifest["git"], packages=manifest["packages"])
+        kept = ("start", "git", "packages", "hardware", "argv")
+        manifest.update({k: previous[k] for k in kept if k in previous})
+    if job.summary.get("resumes"):
+        manifest["resumes"] = job.summary["resumes"]
+    return manifest
+
+
 def _check_budgets(
     config: RunConfig, domain: Domain, student: Engine, teacher: Engine, summary: dict[str, Any], say: Say
 ) -> None:
     """Token budgets against the models' contexts (engines/context.py): capped with a warning,
-    kept in summary.json, or a one-line error before anything is generated."""
+    kept in summary.json, or a one-line error before anything is generated. Also the warning of
+    cross-family OPD, whose per-group signal is biased (docs/cross_family.md)."""
     from distill.methods.budget import context_checks
+    from distill.methods.preflight import crosses
 
     warnings = [w for check in context_checks(config, domain, student, teacher) if (w := check.warning())]
+    if config.method.name == "opd" and crosses(config, student, teacher):
+        warnings.append(
+            f"cross-family OPD ({config.student.name} <- {config.teacher.name}) is experimental: where one "
+            "tokenizer's token is a prefix of the other's longer tokens (digits, word pieces) the per-group "
+            "signal is corrected only on the teacher's side; on the embedded default it does not lift the student "
+            "yet (docs/cross_family.md)"
+        )
     for warning in warnings:
         say(f"warning: {warning}")
     if warnings:
         summary["warnings"] = warnings
 
 
-def _preflight(config: RunConfig, domain: Domain, student: HFEngine, teacher: Engine, say: Say) -> str | None:
-    """Template / thinking / self-score checks for on-policy methods; raises PreflightError."""
-    from distill.methods.preflight import run_preflight, teacher_view
+def _preflight(
+    config: RunConfig, domain: Domain, student: HFEngine, teacher: Engine, say: Say, run: RunDir | None = None
+) -> str | None:
+    """Template / thinking / self-score checks for on-policy methods; raises PreflightError. A
+    run keeps the report, passed or failed, in `preflight.json` (what diagnose reads)."""
+    from distill.methods.preflight import preflight_report
 
-    view = teacher_view(config, domain)
-    if not config.preflight or view is None:
+    report = preflight_report(config, domain, student, teacher, run)
+    if report is None:
         return None
-    prompt_for, same_template = view
-    report = run_preflight(config, student, teacher, domain.train_items()[:2], prompt_for, same_template)
     text = report.render()
     say("preflight:\n" + text)
     return text

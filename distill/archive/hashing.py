@@ -83,3 +83,60 @@ def read_listing(path: Path) -> Listing | None:
     if not isinstance(raw, list):
         return None
     return [{"md5": str(r["md5"]), "relpath": str(r["relpath"])} for r in raw if "md5" in r]
+
+
+class Md5Cache:
+    """File md5s keyed by (path, size, mtime, inode), kept in a JSON file between runs: a run
+    pins its starting weights at every start and resume, and re-reading a 64 GB teacher each time
+    would cost minutes (DVC keeps a state database for the same reason)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.changed = False
+        if path is not None:
+            try:
+                loaded = json.loads(path.read_text())
+                self.entries = loaded if isinstance(loaded, dict) else {}
+            except (OSError, ValueError):
+                self.entries = {}
+
+    def md5(self, file: Path) -> str:
+        stat = file.stat()
+        key = str(file.resolve())
+        stamp = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+        hit = self.entries.get(key)
+        if isinstance(hit, dict) and hit.get("stat") == stamp:
+            return str(hit["md5"])
+        digest = file_md5(file)
+        self.entries[key] = {"stat": stamp, "md5": digest}
+        self.changed = True
+        return digest
+
+    def save(self) -> None:
+        if self.path is None or not self.changed:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.entries))
+            os.replace(tmp, self.path)  # two runs starting at once: the last one's cache wins
+        except OSError:
+            pass  # a cache that cannot be written only costs the next run a re-read
+        self.changed = False
+
+
+def files_md5(folder: Path, patterns: tuple[str, ...], cache: Md5Cache | None = None) -> str | None:
+    """The DVC-style `.dir` hash of the files directly in `folder` whose names match `patterns`
+    (the hash `dvc add` gives a folder holding only them); None when none matches."""
+    import fnmatch
+
+    rows = []
+    for child in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if child.is_file() and any(fnmatch.fnmatch(child.name, p) for p in patterns):
+            rows.append({"md5": cache.md5(child) if cache else file_md5(child), "relpath": child.name})
+    return listing_md5(rows) if rows else None
+
+
+def text_md5(text: str) -> str:
+    return hashlib.md5(text.encode("utf-8"), usedforsecurity=False).hexdigest()

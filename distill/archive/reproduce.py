@@ -5,7 +5,9 @@ models) as a new run `<run>-repro-<hex>` and compares every eval figure of the t
 `--eval-only` loads the run's final checkpoint (e.g. after `distill archive pull`) and repeats the
 final eval only. Both compare exactly: greedy eval on CPU is deterministic, so any difference is a
 real one (other package versions, thread counts, or drifted files), and the notes name the
-differences in environment the manifest shows.
+differences in environment the manifest shows. A full re-run is refused (exit 2) when the models
+it would start from are not the ones the manifest pins (weights, tokenizer or chat template: a
+rebuilt zoo, a moved hub revision, an edited local folder): that re-run would not be this run.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distill.archive.dvcrepo import ArchiveError
-from distill.archive.manifest import package_versions, read_manifest
+from distill.archive.manifest import package_versions, read_manifest, start_differences, start_pins
 from distill.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -25,6 +27,9 @@ if TYPE_CHECKING:
 
 Say = Any  # a callable(str) that prints for the user
 SECTIONS = ("student_before", "teacher_score", "student_after")
+# Wall-clock figures an eval records beside its results (the agent eval's `episodes_per_min`,
+# `env_step_time_s`): they measure the machine's load, not the model, and never repeat exactly.
+TIMING_SUFFIXES = ("_time_s", "_seconds", "per_min", "per_s")
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,8 @@ def compare_summaries(original: dict[str, Any], reproduced: dict[str, Any]) -> l
         if not isinstance(before, dict) or not isinstance(after, dict):
             continue
         for metric in sorted(before.keys() & after.keys()):
+            if metric.endswith(TIMING_SUFFIXES):
+                continue
             a, b = before[metric], after[metric]
             if isinstance(a, int | float) and isinstance(b, int | float):
                 out.append(Comparison(section, metric, float(a), float(b)))
@@ -69,6 +76,9 @@ def compare_summaries(original: dict[str, Any], reproduced: dict[str, Any]) -> l
 def environment_notes(manifest: dict[str, Any], config: RunConfig) -> list[str]:
     """What differs from the recorded environment and can change numbers."""
     import torch
+
+    from distill.archive.manifest import git_diff
+    from distill.tracking.mlflow import git_tags
 
     notes = []
     recorded = manifest.get("packages", {})
@@ -80,6 +90,64 @@ def environment_notes(manifest: dict[str, Any], config: RunConfig) -> list[str]:
     now = config.threads or torch.get_num_threads()
     if isinstance(threads, int) and threads != now:
         notes.append(f"torch threads {threads} then, {now} now (set `threads` in the config to pin it)")
+    then_git, git = manifest.get("git", {}), git_tags()
+    if then_git.get("sha") not in (None, "unknown") and then_git.get("sha") != git.get("git.sha"):
+        notes.append(f"git commit {str(then_git['sha'])[:12]} then, {str(git.get('git.sha'))[:12]} now")
+    then_diff, now_diff = then_git.get("diff_md5"), git_diff(git.get("git.dirty")).get("diff_md5")
+    if (then_diff or now_diff) and then_diff != now_diff:
+        notes.append(
+            f"uncommitted changes differ (diff md5 {_short(then_diff)} then, {_short(now_diff)} now; "
+            "the recorded diff is in manifest.json under git.diff)"
+        )
+    return notes
+
+
+def _short(value: Any) -> str:
+    return str(value)[:12] if value else "none"
+
+
+def current_start(config: RunConfig) -> dict[str, dict[str, Any]]:
+    """The pins of the models `config` names as they are here now (zoo models built if missing,
+    as the re-run would)."""
+    from transformers import AutoTokenizer
+
+    from distill.settings import get_settings
+    from distill.zoo import resolve_model
+
+    settings = get_settings()
+    models: dict[str, tuple[str, str | None]] = {}
+    for role, spec in (("student", config.student), ("teacher", config.teacher)):
+        path = resolve_model(spec.name, config.domain, settings)
+        try:
+            template = AutoTokenizer.from_pretrained(path).chat_template
+        except (OSError, ValueError):  # a hub model not downloaded here: unpinned, said in a note
+            template = None
+        models[role] = (path, template)
+    return start_pins(models)
+
+
+def check_start(manifest: dict[str, Any], config: RunConfig, run_id: str) -> list[str]:
+    """Refuse (ArchiveError) when the starting weights, tokenizer or chat template differ from the
+    manifest's pins; the notes for what could not be checked."""
+    recorded = manifest.get("start")
+    if not isinstance(recorded, dict):
+        return [
+            "the manifest pins no starting weights (a run from before distill recorded them): not checked"
+        ]
+    current = current_start(config)
+    notes = []
+    for role, pin in list(current.items()):
+        if pin.get("source") == "hub" and pin.get("revision") is None:
+            notes.append(
+                f"{role} {pin['path']} is not in the local Hugging Face cache: its revision is not checked"
+            )
+            del current[role]
+    differences = start_differences(recorded, current)
+    if differences:
+        raise ArchiveError(
+            f"run {run_id} started from other models than these, so a re-run would not reproduce it: "
+            f"{'; '.join(differences)}"
+        )
     return notes
 
 
@@ -119,7 +187,7 @@ def prepare_rerun(run_dir: Path) -> Rerun:
             f"run {run_dir.name} is {original.get('status', 'unknown')}; reproduce a FINISHED run"
         )
     manifest, config = _manifest_config(run_dir)
-    notes = environment_notes(manifest, config)
+    notes = check_start(manifest, config, run_dir.name) + environment_notes(manifest, config)
     config.tracking.run_name = f"{run_dir.name}-repro-{secrets.token_hex(2)}"
     return Rerun(run_dir.name, config, original, notes)
 

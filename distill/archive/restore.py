@@ -22,17 +22,35 @@ if TYPE_CHECKING:
     from distill.settings import Settings
 
 TAG_PREFIX = "archive.md5."
+SQLITE_PREFIX = "sqlite:///"
+
+
+def check_restorable(run_id: str) -> None:
+    """A run to re-create is named by its id: a path (or nothing) would put the restored folder
+    outside the workspace's runs, so it is refused before MLflow or DVC is touched."""
+    from distill.tracking.rundir import RunRefused, check_run_id
+
+    try:
+        check_run_id(run_id)
+    except RunRefused:
+        raise ArchiveError(f"no run directory {run_id!r} here, and it is no run id to restore") from None
 
 
 def find_archived_mlflow_run(uri: str, run_id: str) -> tuple[str, dict[str, str]]:
-    """(MLflow run id, tags) of the archived run named `run_id` in the store at `uri`."""
+    """(MLflow run id, tags) of the archived run named `run_id` in the store at `uri`.
+
+    The name is matched by `runs_named`, outside MLflow's filter language: a quote in it is text.
+    """
     from distill.tracking.mlflow import runs_named
 
+    check_restorable(run_id)
+    nothing = f"no run {run_id!r} in this workspace, and no archived MLflow run of that name in {uri}"
+    db = uri[len(SQLITE_PREFIX) :].split("?", 1)[0] if uri.startswith(SQLITE_PREFIX) else None
+    if db and not Path(db).exists():
+        raise ArchiveError(nothing)  # asking would create an empty store just to find nothing in it
     archived = [r for r in runs_named(uri, run_id) if any(k.startswith(TAG_PREFIX) for k in r["tags"])]
     if not archived:
-        raise ArchiveError(
-            f"no run {run_id!r} in this workspace, and no archived MLflow run of that name in {uri}"
-        )
+        raise ArchiveError(nothing)
     run = max(archived, key=lambda r: r["start_time"])
     return str(run["run_id"]), dict(run["tags"])
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,6 +14,10 @@ from distill.cli.archive import archive_app, reproduce
 from distill.cli.bridge import bridge_app
 from distill.cli.common import fail
 from distill.cli.serve import serve_app
+
+if TYPE_CHECKING:
+    from distill.config import RunConfig
+    from distill.settings import Settings
 
 app = typer.Typer(
     name="distill",
@@ -92,6 +96,8 @@ def run(
             check_config(cfg)
     except ConfigError as exc:
         raise fail(str(exc)) from None
+    if resume is not None and _finished(settings, resume):
+        return
     if launcher is not None or accelerate_config is not None or num_processes is not None:
         from distill.launch import exec_accelerate
 
@@ -101,23 +107,15 @@ def run(
             raise fail(str(exc)) from None
     from distill.cli.report import print_run_summary
     from distill.runner import execute
+    from distill.tracking.rundir import RunRefused
 
     if preflight:
-        from distill.methods.preflight import PreflightError
-        from distill.runner import preflight_only
-
-        if cfg is None:
-            raise fail("--preflight checks a new config; it does not combine with --resume")
-        try:
-            preflight_only(cfg, settings, say=typer.echo)
-        except PreflightError as exc:
-            raise fail(f"preflight failed: {exc}") from None
-        typer.echo("preflight passed")
+        _preflight_only(cfg, settings)
         return
 
     try:
         summary = execute(cfg, settings, argv=sys.argv, resume=resume, say=typer.echo)
-    except ConfigError as exc:
+    except (ConfigError, RunRefused) as exc:  # refused before anything was written
         raise fail(str(exc)) from None
     except KeyboardInterrupt:
         raise fail("interrupted; the run is marked KILLED and can be continued with --resume", 130) from None
@@ -129,16 +127,57 @@ def run(
         print_run_summary(summary, settings)
 
 
-@app.command(name="eval", help="Evaluate a model (zoo:<name>, path, hub id or run checkpoint) on a domain.")
+def _preflight_only(cfg: RunConfig | None, settings: Settings) -> None:
+    from distill.methods.preflight import PreflightError
+    from distill.runner import preflight_only
+
+    if cfg is None:
+        raise fail("--preflight checks a new config; it does not combine with --resume")
+    try:
+        preflight_only(cfg, settings, say=typer.echo)
+    except PreflightError as exc:
+        raise fail(f"preflight failed: {exc}") from None
+    typer.echo("preflight passed")
+
+
+def _finished(settings: Settings, resume: str) -> bool:
+    """`--resume` of a FINISHED run: one line, nothing run again (its final eval included). An
+    unknown run is bad input: one line, exit 2, nothing written."""
+    from distill.runner import finished_note
+    from distill.tracking.rundir import RunDir, RunRefused
+
+    try:
+        note = finished_note(RunDir.find(settings, resume))
+    except RunRefused as exc:
+        raise fail(str(exc)) from None
+    if note is not None:
+        typer.echo(note)
+    return note is not None
+
+
+@app.command(
+    name="eval",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    help="Evaluate a model (zoo:<name>, path, hub id or run checkpoint) on a domain. Trailing KEY=VALUE "
+    "arguments set domain.* and eval.* fields as for `run` (e.g. domain.environments=[Division,LCM] "
+    "domain.eval_seed=7 eval.items=50); options given explicitly win over them.",
+)
 def eval_cmd(
     model: Annotated[
         str, typer.Option(help="zoo:<name>, a local path, a hub id, or runs/<id>/checkpoints/step-N")
     ],
-    domain: Annotated[str, typer.Option(help="rlve | dapo | sciworld")] = "rlve",
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="dotted overrides: domain.* and eval.*")
+    ] = None,
+    domain: Annotated[str | None, typer.Option(help="rlve | dapo | sciworld (default rlve)")] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="a YAML config (e.g. a run's): its domain and eval sections"),
+    ] = None,
     n: Annotated[
         int | None, typer.Option("-n", help="samples per item (k); default 1, or the protocol's")
     ] = None,
-    items: Annotated[int, typer.Option(help="eval items")] = 200,
+    items: Annotated[int | None, typer.Option(help="eval items (default 200)")] = None,
     temperature: Annotated[
         float | None, typer.Option(help="default: the protocol's, else 0 for n=1 and 0.7 otherwise")
     ] = None,
@@ -165,31 +204,45 @@ def eval_cmd(
     ] = None,
 ) -> None:
     from distill.cli.evaluate import eval_command
+    from distill.config.files import resolve_eval_config
     from distill.evals.standalone import EvalRequest
 
-    request = EvalRequest(
-        model=model,
-        domain=domain,
-        items=items,
-        n=n,
-        temperature=temperature,
-        top_p=top_p,
-        max_new_tokens=max_new_tokens,
-        thinking=thinking,
-        benchmark=benchmark,
-        data=data,
-        protocol=protocol,
-        workers=workers,
-        experiment=experiment,
-    )
     try:
+        name, domain_fields, ev = resolve_eval_config(domain, config, overrides)
+        request = EvalRequest(
+            model=model,
+            domain=name,
+            items=items if items is not None else ev.get("items", 200),
+            n=n if n is not None else ev.get("k"),
+            temperature=temperature if temperature is not None else ev.get("temperature"),
+            top_p=top_p if top_p is not None else ev.get("top_p"),
+            max_new_tokens=max_new_tokens if max_new_tokens is not None else ev.get("max_new_tokens"),
+            thinking=thinking,
+            benchmark=benchmark,
+            data=data,
+            protocol=protocol,
+            workers=workers,
+            experiment=experiment,
+            domain_fields=domain_fields,
+            batch_size=ev.get("batch_size"),
+        )
         eval_command(request)
     except (ValueError, OSError) as exc:
         raise fail(str(exc)) from None
 
 
-@app.command(help="List runs: id, domain, method, student, teacher, status, final scores.")
+@app.command(
+    help="List runs: id, domain, method, student, teacher, status, final scores. --repair [RUN]: a run "
+    "whose process died while RUNNING (SIGKILL, out of memory) is marked DIED, its MLflow run brought "
+    "level with metrics.jsonl and its files logged (RUN: that run, whatever its status)."
+)
 def runs(
+    run: Annotated[
+        str | None, typer.Argument(help="with --repair: the run to repair (default: every run that died)")
+    ] = None,
+    repair: Annotated[
+        bool, typer.Option("--repair", help="bring runs that died (or RUN) to a full record in MLflow")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print summary.json of every run as JSON")] = False,
     domain: Annotated[str | None, typer.Option(help="only runs of this domain")] = None,
     method: Annotated[str | None, typer.Option(help="only runs of this method")] = None,
@@ -202,6 +255,18 @@ def runs(
 ) -> None:
     from distill.cli.report import SORTS, list_runs
 
+    if run is not None and not repair:
+        raise fail(f"a run ({run!r}) is given only with --repair; `distill runs` lists them all")
+    if repair:
+        from distill.runner import repair_runs
+        from distill.settings import get_settings
+        from distill.tracking.rundir import RunRefused
+
+        try:
+            code = repair_runs(get_settings(), run, typer.echo)
+        except RunRefused as exc:
+            raise fail(str(exc)) from None
+        raise typer.Exit(code)
     if sort not in SORTS:
         raise fail(f"unknown --sort {sort!r}; choose one of {', '.join(SORTS)}")
     list_runs(as_json, domain=domain, method=method, status=status, sort=sort)

@@ -14,17 +14,28 @@ if TYPE_CHECKING:
 
 
 def eval_command(req: EvalRequest) -> EvalOutcome:
-    """Evaluate and print; raises ValueError / OSError with a one-line message on bad input."""
+    """Evaluate and print; raises ValueError / OSError with a one-line message on bad input.
+
+    Cheap checks first: the model's name (a folder with a model and a tokenizer, a zoo name, a
+    cached or reachable hub id), then the options and the items; only then a zoo build or a load.
+    """
     from distill.config import ConfigError, domain_config
-    from distill.evals.standalone import evaluate_model
+    from distill.evals.standalone import evaluate_model, prepare_eval
     from distill.settings import get_settings
     from distill.zoo import resolve_model
+    from distill.zoo.check import check_model_name
 
     settings = get_settings()
     try:
-        # The model is resolved against the plain domain: a zoo build evaluates on its own items.
-        path = resolve_model(req.model, domain_config(req.domain), settings)
-        outcome = evaluate_model(req, path, settings, say=lambda line: typer.echo(line, err=True))
+        check_model_name(req.model, req.domain, "--model")
+        prepared = prepare_eval(req)
+        try:
+            # The model is resolved against the plain domain: a zoo build evaluates on its own items.
+            path = resolve_model(req.model, domain_config(req.domain), settings)
+        except BaseException:
+            prepared.domain.close()
+            raise
+        outcome = evaluate_model(prepared, path, settings, say=lambda line: typer.echo(line, err=True))
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
     if outcome.episodic:

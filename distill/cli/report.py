@@ -15,14 +15,18 @@ console = _console()
 
 
 def _pct(metrics: dict[str, float] | None, key: str = "accuracy") -> str:
-    if metrics and key == "accuracy" and key not in metrics and "success" in metrics:
-        # A multi-turn domain (sciworld) reports Score / Success / Pass(>0) instead of accuracy.
-        return (
-            f"Score {metrics['score']:.3f} Success {metrics['success']:.0%} Pass>0 {metrics['pass_gt0']:.0%}"
-        )
-    if not metrics or key not in metrics:
+    if not isinstance(metrics, dict):  # absent, or a hand-edited summary
         return "-"
-    return f"{metrics[key]:.1%}"
+    try:
+        if key == "accuracy" and key not in metrics and "success" in metrics:
+            # A multi-turn domain (sciworld) reports Score / Success / Pass(>0) instead of accuracy.
+            return (
+                f"Score {metrics['score']:.3f} Success {metrics['success']:.0%} "
+                f"Pass>0 {metrics['pass_gt0']:.0%}"
+            )
+        return f"{metrics[key]:.1%}" if key in metrics else "-"
+    except (KeyError, TypeError, ValueError):
+        return "?"
 
 
 def print_run_summary(summary: dict[str, Any], settings: Settings) -> None:
@@ -52,14 +56,32 @@ def print_run_summary(summary: dict[str, Any], settings: Settings) -> None:
     console.print(f"  open UI  {mlflow_ui_command(uri, settings.artifact_root)}")
 
 
+# The status of a run whose summary.json cannot be read: listed as such, never hiding the others.
+UNREADABLE = "UNREADABLE"
+
+
+def read_run_summary(run: RunDir) -> dict[str, Any]:
+    """A run's summary with its live status; a corrupt or foreign summary.json gives a row that
+    says so (status UNREADABLE, the reason in `error`) instead of stopping the listing."""
+    try:
+        summary = run.read_summary()
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        reason = f"{type(exc).__name__}: {exc}"
+        return {"run_id": run.name, "status": UNREADABLE, "error": f"summary.json unreadable ({reason})"}
+    if not isinstance(summary, dict):
+        kind = type(summary).__name__
+        return {
+            "run_id": run.name,
+            "status": UNREADABLE,
+            "error": f"summary.json holds a {kind}, not an object",
+        }
+    summary.setdefault("run_id", run.name)
+    summary["status"] = live_status(summary)
+    return summary
+
+
 def load_summaries(settings: Settings) -> list[dict[str, Any]]:
-    out = []
-    for run in RunDir.all(settings):
-        if run.summary.exists():
-            summary = run.read_summary()
-            summary["status"] = live_status(summary)
-            out.append(summary)
-    return out
+    return [read_run_summary(run) for run in RunDir.all(settings) if run.summary.exists()]
 
 
 SORTS = ("started", "accuracy", "method", "domain", "status", "id")
@@ -115,18 +137,24 @@ def list_runs(
     for col in ("id", "domain", "method", "student", "teacher", "status", "before", "after", "teacher acc"):
         table.add_column(col)
     for s in summaries:
+        if s["status"] == UNREADABLE:
+            table.add_row(str(s["run_id"]), "", "", "", "", f"[red]{UNREADABLE}[/red]", "", "", "")
+            continue
         table.add_row(
-            s["run_id"],
-            s.get("domain", ""),
-            s.get("method", ""),
-            s.get("student", ""),
-            s.get("teacher", ""),
-            s["status"],
+            str(s["run_id"]),
+            str(s.get("domain", "")),
+            str(s.get("method", "")),
+            str(s.get("student", "")),
+            str(s.get("teacher", "")),
+            str(s["status"]),
             _pct(s.get("student_before")),
             _pct(s.get("student_after")),
             _pct(s.get("teacher_score")),
         )
     console.print(table)
+    for s in summaries:
+        if s["status"] == UNREADABLE:
+            console.print(f"{s['run_id']}: {s['error']}", markup=False, highlight=False)
 
 
 def zoo_build(names: list[str], domain: str) -> None:

@@ -13,7 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from distill import registry
-from distill.config.models import ConfigError, RunConfig, format_validation_error
+from distill.config.models import ConfigError, EvalConfig, RunConfig, domain_config, format_validation_error
 
 
 def presets_dir() -> Path:
@@ -26,9 +26,13 @@ def preset_path(domain: str, method: str) -> Path:
 
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -115,6 +119,54 @@ def resolve_config(
         return RunConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
+
+
+# What `distill eval` reads of a config: the domain's items and the sampling of the eval.
+EVAL_SECTIONS = ("domain", "eval")
+# Eval fields that shape a training run's evals only; a standalone eval has no steps or teacher.
+_RUN_ONLY_EVAL = ("every_steps", "eval_teacher")
+# Domain fields `distill eval` sets from its own options (a benchmark names its metrics).
+_EVAL_OPTION_FIELDS = {"eval_benchmark": "--benchmark", "eval_data": "--data", "name": "--domain"}
+
+
+def resolve_eval_config(
+    domain: str | None = None, config_file: Path | None = None, overrides: list[str] | None = None
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """`distill eval`'s settings: the `domain:` and `eval:` sections of a config file (e.g. a run's
+    config.yaml) <- `domain.*` / `eval.*` dotted overrides, validated as a run's are.
+
+    Returns (domain name, domain fields, eval fields): only the fields that were set, so the
+    eval's own defaults (a benchmark protocol's sampling) still apply to the rest.
+    """
+    file_data = read_yaml(config_file) if config_file is not None else {}
+    data: dict[str, Any] = {}
+    for section in EVAL_SECTIONS:
+        value = file_data.get(section) or {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"config file {config_file}: {section} must be a mapping")
+        data[section] = dict(value)
+    for key in _RUN_ONLY_EVAL:  # a run's saved config carries them; they mean nothing here
+        data["eval"].pop(key, None)
+    for text in overrides or []:
+        path, value = parse_override(text)
+        dotted = ".".join(path)
+        if path[0] not in EVAL_SECTIONS or len(path) < 2:
+            raise ConfigError(f"override {dotted}: distill eval takes domain.* and eval.* overrides")
+        if path[0] == "eval" and path[1] in _RUN_ONLY_EVAL:
+            raise ConfigError(f"override {dotted}: applies to a training run's evals, not to distill eval")
+        if path[0] == "domain" and path[1] in _EVAL_OPTION_FIELDS:
+            raise ConfigError(f"override {dotted}: use {_EVAL_OPTION_FIELDS[path[1]]} instead")
+        set_dotted(data, path, value)
+    name = domain or _dig(data, "domain", "name") or "rlve"
+    if name not in registry.DOMAINS:
+        raise ConfigError(f"unknown domain {name!r}; known: {', '.join(registry.DOMAINS)}")
+    fields = {k: v for k, v in data["domain"].items() if k != "name"}
+    domain_config(name, **fields)  # one line naming a bad domain field, before anything loads
+    try:
+        checked = EvalConfig.model_validate(data["eval"])
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, prefix="eval")) from None
+    return name, fields, {key: getattr(checked, key) for key in data["eval"]}
 
 
 def _dig(data: dict[str, Any], *keys: str) -> Any:

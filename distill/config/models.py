@@ -131,6 +131,13 @@ class OnPolicyKL(Strict):
 
 class OPDMethod(OnPolicyKL):
     name: Literal["opd"] = "opd"
+    # Cross-family pairs (docs/cross_family.md): a byte group's signal on the student's tokens.
+    # spread: on every student token of the group (the exact gradient of the group objective);
+    # last: on the group's last student token only.
+    group_advantage: Literal["spread", "last"] = "spread"
+    # auto: the byte-aligned cross-family path when the tokenizers differ; always: also for a
+    # shared tokenizer (a check: it gives exactly same-family OPD).
+    cross_family: Literal["auto", "always"] = "auto"
 
 
 # The reference document's privileged teacher prompt (OPSD): problem, reference solution, transition.
@@ -198,7 +205,11 @@ class ROSEMethod(Strict):
 
 
 # Method fields that only mean something on single-turn domains, or only on episodic ones.
-SINGLE_TURN_ONLY = {"rose": ("prefix_tokens", "prefix_tokens_min", "prefix_fraction")}
+SINGLE_TURN_ONLY = {
+    "rose": ("prefix_tokens", "prefix_tokens_min", "prefix_fraction"),
+    # Cross-family OPD is single-turn: the episodic path refuses cross-family pairs.
+    "opd": ("group_advantage", "cross_family"),
+}
 EPISODIC_ONLY = {"rose": ("student_turns", "student_turns_min")}
 # The OPD-family losses an episodic domain supports (whole-episode scoring).
 EPISODIC_LOSSES = ("token_reward_direct", "forward_kl_topk")
@@ -282,14 +293,40 @@ class CheckpointConfig(Strict):
     every_steps: int = Field(25, ge=0)
 
 
+MAX_RUN_NAME = 200
+
+
+def run_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a run id, or None. A run id is one folder under `<workspace>/runs/`
+    (and the MLflow run name): a separator, `..` or a leading dot would put it somewhere else."""
+    if not name or not name.strip():
+        return "must not be empty"
+    if "/" in name or "\\" in name or "\x00" in name:
+        return f"{name!r} must be one path component (no '/' or '\\')"
+    if name.startswith("."):
+        return f"{name!r} must not start with a dot"
+    if len(name) > MAX_RUN_NAME:
+        return f"must be at most {MAX_RUN_NAME} characters"
+    return None
+
+
 class TrackingConfig(Strict):
     experiment: str = "distill"
+    # The run id: the run's folder name under `<workspace>/runs/` and the MLflow run name.
     run_name: str | None = None
     # None: DISTILL_TRACKING_URI, else the embedded sqlite store in the workspace.
     uri: str | None = None
     # Rollouts written to samples/step-N.jsonl per logged step.
     sample_rows: int = Field(4, ge=0)
     log_every_steps: int = Field(1, ge=1)
+
+    @field_validator("run_name")
+    @classmethod
+    def _one_folder(cls, value: str | None) -> str | None:
+        problem = None if value is None else run_name_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 class RunConfig(Strict):
@@ -368,7 +405,7 @@ class RunConfig(Strict):
         for field in other.get(name, ()):
             if getattr(method, field) != type(method).model_fields[field].default:
                 kind = "multi-turn" if episodic else "single-turn"
-                knobs = ", ".join(f"method.{f}" for f in own.get(name, ()))
+                knobs = ", ".join(f"method.{f}" for f in own.get(name, ())) or "the shared ones"
                 raise ValueError(
                     f"method.{field} does not apply on the {kind} domain {self.domain.name}; its {name} "
                     f"knobs are {knobs}"

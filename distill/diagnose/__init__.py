@@ -19,13 +19,14 @@ Rule = Callable[[RunRecord], list[Finding]]
 
 
 def all_rules() -> list[Rule]:
-    from distill.diagnose import outcomes, precision, speed
+    from distill.diagnose import alignment, outcomes, precision, speed
     from distill.diagnose import rules as budget
 
     return [
         budget.run_status,
         outcomes.pairing,
         precision.precision,
+        alignment.alignment,
         budget.teacher_truncation,
         budget.coverage,
         budget.student_truncation,

@@ -1,108 +1,23 @@
-"""Rules over what the student produced and how the pair was set up: eval divergence, early reward
-near zero, and student/teacher chat-template or thinking-mode mismatch."""
+"""Rules over what the student produced and how the pair was set up: early reward near zero, the
+KL to the teacher rising, and student/teacher chat-template or thinking-mode mismatch.
+
+The eval-record rules (divergence, regression, teacher gap) live in eval_rules.py and are
+re-exported here, where the rule list (`diagnose.all_rules`) finds them."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
+from distill.diagnose.eval_rules import eval_divergence, eval_regression, lower_lr, teacher_gap
 from distill.diagnose.findings import Evidence, Finding, Fix, Severity, fmt, nice_tokens, pct
 from distill.diagnose.records import RunRecord
-from distill.diagnose.rules import teacher_budget
 
 NEAR_ZERO = 0.02
 BOXED = "\\boxed{"
 BOXED_DOMAINS = ("rlve", "dapo")
-SHOWN_ITEMS = 5
 
-
-def _k_values(rec: RunRecord, bench: str) -> list[int]:
-    ks = set()
-    for key in rec.series:
-        head, _, tail = key.rpartition("@")
-        if head == f"eval/{bench}/pass" and tail.isdigit():
-            ks.add(int(tail))
-    return sorted(ks)
-
-
-def _item_changes(rec: RunRecord, first: int, last: int) -> tuple[list[str], list[str]]:
-    """Items whose correct count fell / rose between two eval files, as `id: a/k -> b/k`."""
-    a, b = rec.eval_file(first), rec.eval_file(last)
-    if a is None or b is None:
-        return [], []
-    before = {row.get("id"): row for row in a.rows}
-    fell: list[str] = []
-    rose: list[str] = []
-    for row in b.rows:
-        old = before.get(row.get("id"))
-        if old is None:
-            continue
-        c0, c1, k = int(old.get("correct", 0)), int(row.get("correct", 0)), row.get("k", "?")
-        line = f"{row.get('id')}: {c0}/{k} -> {c1}/{k}"
-        if c1 < c0:
-            fell.append(line)
-        elif c1 > c0:
-            rose.append(line)
-    return fell, rose
-
-
-def eval_divergence(rec: RunRecord) -> list[Finding]:
-    out: list[Finding] = []
-    for bench in rec.benches():
-        ks = [k for k in _k_values(rec, bench) if k > 1]
-        if not ks:
-            continue  # with k=1 avg@1 is pass@1: no spread to diverge
-        k = ks[-1]
-        avg = rec.get(f"eval/{bench}/avg@{k}") or rec.get(f"eval/{bench}/pass@1")
-        pk = rec.get(f"eval/{bench}/pass@{k}")
-        if avg is None or pk is None or len(avg) < 2 or len(pk) < 2:
-            continue
-        a0, a1, p0, p1 = avg.first(), avg.last(), pk.first(), pk.last()
-        if not (a1 < a0 and p1 > p0):
-            continue
-        first, last = int(avg.steps[0]), int(avg.steps[-1])
-        evidence = [
-            Evidence(avg.key, f"{fmt(a0)} -> {fmt(a1)}", f"steps {first} -> {last}", f"{a1 - a0:+.4f}"),
-            Evidence(pk.key, f"{fmt(p0)} -> {fmt(p1)}", f"steps {first} -> {last}", f"{p1 - p0:+.4f}"),
-        ]
-        p1s = rec.get(f"eval/{bench}/pass@1")
-        if p1s is not None and len(p1s) >= 2 and avg.key != p1s.key:
-            evidence.append(
-                Evidence(p1s.key, f"{fmt(p1s.first())} -> {fmt(p1s.last())}", f"steps {first} -> {last}")
-            )
-        fell, rose = _item_changes(rec, first, last)
-        if fell or rose:
-            evidence.append(
-                Evidence(
-                    f"eval/step-{first}.jsonl vs step-{last}.jsonl",
-                    f"{len(fell)} problems fell, {len(rose)} rose",
-                )
-            )
-            evidence += [Evidence("fell", line) for line in fell[:SHOWN_ITEMS]]
-            evidence += [Evidence("rose", line) for line in rose[:SHOWN_ITEMS]]
-        fixes: list[Fix] = []
-        tb = teacher_budget(rec)
-        if tb.saturated:
-            fixes.append(
-                Fix(tb.key, str(tb.target()), "the teacher targets are truncated (see teacher_truncation)")
-            )
-        fixes.append(
-            Fix("eval.k", str(2 * k), "confirm with more samples per problem that the drop is not noise")
-        )
-        out.append(
-            Finding(
-                name=f"eval_divergence:{bench}",
-                severity=Severity.WARNING,
-                title=f"{bench}: avg@{k} fell ({fmt(a0)} -> {fmt(a1)}) while pass@{k} rose ({fmt(p0)} -> {fmt(p1)})",
-                evidence=evidence,
-                why="More problems are hit by luck while the average sample got worse: output variance went up, "
-                "ability did not. Not a win (reference DAPO-Math ROSE: pass@16 +1 problem per benchmark, one of "
-                "them 0/16 -> 1/16, while avg@16 and pass@1 fell and truncation rose).",
-                fixes=fixes,
-                advice="check the supervision findings: a student trained on truncated targets rambles more",
-            )
-        )
-    return out
+__all__ = ["early_reward", "eval_divergence", "eval_regression", "kl_rising", "pairing", "teacher_gap"]
 
 
 def _boxed_share(rec: RunRecord, first_steps: int) -> tuple[float, int]:
@@ -215,7 +130,9 @@ def pairing(rec: RunRecord) -> list[Finding]:
     models = rec.manifest.get("models", {})
     st, te = models.get("student", {}), models.get("teacher", {})
     if st.get("vocab") and te.get("vocab") and st["vocab"] != te["vocab"]:
-        same_ids = rec.method in ("opd", "opsd")
+        # OPD crosses by byte groups (alignment.py judges how fine); OPSD has one model, so a
+        # second vocabulary there means the run is not what it claims.
+        same_ids = rec.method == "opsd"
         out.append(
             Finding(
                 name="cross_family",
@@ -225,12 +142,11 @@ def pairing(rec: RunRecord) -> list[Finding]:
                     Evidence("manifest models.student", f"{st.get('class')}, vocab {st['vocab']}"),
                     Evidence("manifest models.teacher", f"{te.get('class')}, vocab {te['vocab']}"),
                 ],
-                why="Token-level methods need one vocabulary: the teacher scores the student's token ids."
+                why="OPSD distils a model into itself: the teacher must be the student's own weights."
                 if same_ids
-                else "Cross-family: prefixes go through the tokenizer bridge; check its seam round-trip.",
-                fixes=[Fix("method.name", "rose", "cross-family pairs go through the tokenizer bridge")]
-                if same_ids
-                else [],
+                else "Cross-family: the teacher sees the student's text through the tokenizer bridge "
+                "(OPD: per byte group, docs/cross_family.md); check its seams.",
+                fixes=[],
                 advice=""
                 if same_ids
                 else "run `distill bridge check --student S --teacher T` if no preflight.json",
@@ -260,55 +176,7 @@ def pairing(rec: RunRecord) -> list[Finding]:
     return out
 
 
-REGRESSION_WARN, REGRESSION_ERROR = 0.05, 0.15
 KL_RISE = 1.3
-
-
-def _lower_lr(rec: RunRecord) -> list[Fix]:
-    lr = rec.cfg("optim.lr")
-    if not isinstance(lr, int | float) or lr <= 0:
-        return []
-    return [
-        Fix("optim.lr", f"{lr / 3:.2g}", "smaller steps: the updates move the student away from its teacher")
-    ]
-
-
-def eval_regression(rec: RunRecord) -> list[Finding]:
-    """Eval accuracy falling below where the student started (collapse, or a harmful update direction)."""
-    out: list[Finding] = []
-    for bench in rec.benches():
-        acc = rec.get(f"eval/{bench}/accuracy")
-        if acc is None or len(acc) < 2:
-            continue
-        a0, worst, last = acc.first(), float(min(acc.values)), acc.last()
-        if a0 - worst < REGRESSION_WARN:
-            continue
-        severity = Severity.ERROR if a0 - last >= REGRESSION_ERROR else Severity.WARNING
-        worst_step = int(acc.steps[list(acc.values).index(worst)])
-        fixes = _lower_lr(rec)
-        if rec.method in ("opd", "opsd") and rec.cfg("method.advantage_clip") is None:
-            fixes.append(
-                Fix("method.advantage_clip", "5", "bound the rare very negative per-token advantages")
-            )
-        out.append(
-            Finding(
-                name=f"eval_regression:{bench}",
-                severity=severity,
-                title=f"{bench}: eval accuracy fell from {pct(a0)} to {pct(worst)} (step {worst_step}); ends at {pct(last)}",
-                evidence=[
-                    Evidence(
-                        acc.key,
-                        f"{fmt(a0)} -> {fmt(worst)} -> {fmt(last)}",
-                        f"steps {int(acc.steps[0])} -> {worst_step} -> {int(acc.steps[-1])}",
-                    )
-                ],
-                why="Training made the student worse than where it started: the update direction is harmful "
-                "(too large a learning rate for the gradient's noise, or a signal the student cannot use).",
-                fixes=fixes,
-                advice="compare with a teacher-SFT run of the same budget (distill compare) before tuning further",
-            )
-        )
-    return out
 
 
 def kl_rising(rec: RunRecord) -> list[Finding]:
@@ -329,47 +197,6 @@ def kl_rising(rec: RunRecord) -> list[Finding]:
                 Evidence(kl.key, f"{fmt(k0)} -> {fmt(k1)}", f"{head.span()} vs {tail.span()}", "window means")
             ],
             why="The objective is the student's reverse KL to the teacher; if it rises, the steps overshoot.",
-            fixes=_lower_lr(rec),
-        )
-    ]
-
-
-GAP_CLOSED_WARN = 0.25
-
-
-def teacher_gap(rec: RunRecord) -> list[Finding]:
-    """A finished run that closed little of the student-teacher gap on the eval set."""
-    before, after = rec.summary.get("student_before"), rec.summary.get("student_after")
-    teacher = rec.summary.get("teacher_score")
-    if not (isinstance(before, dict) and isinstance(after, dict) and isinstance(teacher, dict)):
-        return []
-    try:
-        b, a, t = float(before["accuracy"]), float(after["accuracy"]), float(teacher["accuracy"])
-    except (KeyError, TypeError, ValueError):
-        return []
-    gap = t - b
-    if gap < 0.1 or a - b >= GAP_CLOSED_WARN * gap or a < b - REGRESSION_WARN:
-        return []  # nothing to close, enough closed, or already reported as a regression
-    closed = (a - b) / gap
-    fixes: list[Fix] = []
-    if rec.method in ("opd", "opsd"):
-        fixes.append(Fix("method.name", "sft", "control: teacher-SFT on the same prompts and budget"))
-    steps = rec.cfg("optim.max_steps")
-    if isinstance(steps, int):
-        fixes.append(Fix("optim.max_steps", str(steps * 2), "more updates, if the loss is still falling"))
-    return [
-        Finding(
-            name="teacher_gap",
-            severity=Severity.WARNING,
-            title=f"the student closed {pct(closed)} of the gap to its teacher ({pct(b)} -> {pct(a)}; teacher {pct(t)})",
-            evidence=[
-                Evidence("summary.json student_before.accuracy", b),
-                Evidence("summary.json student_after.accuracy", a),
-                Evidence("summary.json teacher_score.accuracy", t),
-            ],
-            why="The method moved the student little although the teacher is far ahead on the same items: the "
-            "signal reaches the student too weakly (learning rate, steps) or is one it cannot use.",
-            fixes=fixes,
-            advice="put it beside a teacher-SFT run with `distill compare` before tuning",
+            fixes=lower_lr(rec),
         )
     ]

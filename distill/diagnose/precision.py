@@ -56,8 +56,16 @@ def _read_header(path: Path, mtime_ns: int, size: int) -> tuple[dict[str, dict],
     return {k: v for k, v in header.items() if k != "__metadata__"}, 8 + length
 
 
+ADAPTER = "adapter_model.safetensors"
+
+
 def tensor_files(model_dir: Path) -> dict[str, Path]:
-    """Tensor name -> safetensors file, for a single-file or sharded save; {} when there is none."""
+    """Tensor name -> safetensors file of the weights a run trains: a LoRA save's adapters (peft's
+    `adapter_model.safetensors`; the base weights are frozen), else the full model, single-file
+    or sharded; {} when there is none."""
+    adapter = model_dir / ADAPTER
+    if adapter.is_file():
+        return {name: adapter for name in _header(adapter)[0]}
     single = model_dir / "model.safetensors"
     if single.is_file():
         return {name: single for name in _header(single)[0]}
@@ -173,13 +181,29 @@ def compare_weights(a_dir: Path, b_dir: Path, steps: int, a_label: str, b_label:
     )
 
 
+def is_adapter(model_dir: Path) -> bool:
+    return (model_dir / ADAPTER).is_file()
+
+
+def stored_dtype(model_dir: Path) -> str | None:
+    """The dtype most of a save's tensors are stored in (fp32 / bf16 / fp16), None if unknown."""
+    counts: dict[str, int] = {}
+    for path in set(tensor_files(model_dir).values()):
+        for meta in _header(path)[0].values():
+            name = ST_NAMES.get(meta.get("dtype", ""))
+            if name is not None:
+                counts[name] = counts.get(name, 0) + 1
+    return max(counts, key=lambda k: counts[k]) if counts else None
+
+
 def measure_update(rec: RunRecord) -> WeightMove | None:
-    """Start weights vs the latest checkpoint; else the earliest vs the latest checkpoint."""
+    """Start weights vs the latest checkpoint; else the earliest vs the latest checkpoint. LoRA
+    adapters have no start weights to compare with (B starts at 0): checkpoints only."""
     ckpts = _checkpoints(rec.run_dir)
     if not ckpts:
         return None
     last_step, last = ckpts[-1]
-    start = _start_dir(rec)
+    start = None if is_adapter(last) else _start_dir(rec)
     if start is not None:
         return compare_weights(start, last, last_step, "start weights", f"checkpoints/{last.name}")
     if len(ckpts) >= 2:
@@ -188,6 +212,20 @@ def measure_update(rec: RunRecord) -> WeightMove | None:
             first, last, last_step - first_step, f"checkpoints/{first.name}", f"checkpoints/{last.name}"
         )
     return None
+
+
+def trained_weights(rec: RunRecord) -> tuple[str, str]:
+    """(dtype, what) of the weights the optimizer updates. LoRA trains adapters, which peft keeps
+    in fp32 under a bf16/fp16 base (`autocast_adapter_dtype`): their dtype is what the latest
+    checkpoint stores, else fp32; without LoRA, the student's precision."""
+    ckpts = _checkpoints(rec.run_dir)
+    if ckpts and is_adapter(ckpts[-1][1]):
+        dtype = stored_dtype(ckpts[-1][1]) or "fp32"
+        return dtype, f"LoRA adapters, {dtype} in checkpoints/{ckpts[-1][1].name}/{ADAPTER}"
+    if rec.cfg("lora.enabled") is True:
+        return "fp32", "LoRA adapters (peft keeps them in fp32; no checkpoint to read)"
+    dtype = weights_dtype(rec)
+    return dtype, f"the student's weights ({dtype})"
 
 
 def weights_dtype(rec: RunRecord) -> str:
@@ -282,7 +320,7 @@ def _fixes(dtype: str, half: float, scale: float, lr: float) -> list[Fix]:
 
 
 def precision(rec: RunRecord) -> list[Finding]:
-    dtype = weights_dtype(rec)
+    dtype, what = trained_weights(rec)
     half = half_spacing(dtype)
     low = dtype != "fp32"
     lr_cfg = rec.cfg("optim.lr")
@@ -292,7 +330,7 @@ def precision(rec: RunRecord) -> list[Finding]:
     move = measure_update(rec) if measured is None else None
     scale = move.weight_scale if move else ASSUMED_WEIGHT
     evidence = [
-        Evidence("student.precision", dtype, note=f"updates below {fmt(half)} of a weight round away"),
+        Evidence("trained weights", what, note=f"updates below {fmt(half)} of a weight round away"),
         Evidence("optim.lr", lr),
     ]
     verdict = _measured_verdict(rec, dtype, half, move, evidence)

@@ -196,7 +196,8 @@ class RunRecord:
                 files.append((int(tail), path))
         rows: list[dict[str, Any]] = []
         for _, path in sorted(files):
-            for line in path.read_text().splitlines():
+            # A damaged byte spoils one row's text, not the diagnosis: undecodable bytes become U+FFFD.
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
                 if len(rows) >= limit:
                     return rows
                 try:
@@ -204,6 +205,10 @@ class RunRecord:
                 except ValueError:
                     continue
         return rows
+
+
+# The steps a metrics row may carry: they are held as int64.
+STEP_MIN, STEP_MAX = -(2**63), 2**63 - 1
 
 
 def _number(value: Any) -> float:
@@ -230,9 +235,12 @@ def read_metrics(path: Path) -> tuple[dict[str, Series], list[str]]:
             try:
                 row = json_loads(line)
                 step = int(row.pop("step"))
-            except (ValueError, KeyError, TypeError, AttributeError):
+            except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
                 # A killed run can leave a torn last line; the rest of the record is still good.
                 problems.append(f"metrics.jsonl line {lineno}: not a metrics row, skipped")
+                continue
+            if not STEP_MIN <= step <= STEP_MAX:  # 1e30 parses, then overflows numpy's int64
+                problems.append(f"metrics.jsonl line {lineno}: step {step:.3g} out of range, skipped")
                 continue
             steps, rows = groups.setdefault(tuple(row), ([], []))
             steps.append(step)

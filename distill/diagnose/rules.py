@@ -44,6 +44,18 @@ class TeacherBudget:
         return nice_tokens(2 * max(seen, float(self.budget or 0), 1.0))
 
 
+def episodic(rec: RunRecord) -> bool:
+    """Whether the run's domain plays multi-turn episodes (its budgets are then per turn)."""
+    from distill import registry
+
+    return rec.domain in registry.DOMAINS and registry.domain_entry(rec.domain).episodic
+
+
+def unit(rec: RunRecord, single: str = "target") -> str:
+    """What one token budget bounds: a turn on an episodic domain, else one response."""
+    return "turn" if episodic(rec) else single
+
+
 def teacher_budget(rec: RunRecord) -> TeacherBudget:
     # ROSE: the teacher's continuation budget is t; teacher-SFT trajectories use the rollout budget.
     if rec.method == "sft" or (rec.cfg("method.teacher_max_tokens") is None and rec.method != "rose"):
@@ -107,9 +119,22 @@ def teacher_truncation(rec: RunRecord) -> list[Finding]:
             why="The teacher almost never finishes on its own, so the student is trained on text that stops "
             "mid-reasoning and never sees how a solution converges to an answer (the reference DAPO-Math ROSE "
             "run: ce_target 960-1016 of 1024 tokens, 94-99% of the budget; avg@16 fell, truncation rose).",
-            fixes=[Fix(tb.key, str(target), "at least 2x the longest teacher target seen")],
+            fixes=[Fix(tb.key, str(target), f"at least 2x the longest teacher {unit(rec)} seen")],
         )
     ]
+
+
+def drawn_k(rec: RunRecord) -> tuple[float | None, str]:
+    """K as the run used it and its source: the logged mean prefix (K is drawn per sample by
+    default, and capped at the response), else a fixed configured K; None if neither is known."""
+    logged = rec.get("student/prefix_tokens_mean")
+    if logged is not None:
+        return logged.mean(), f"student/prefix_tokens_mean, mean over {logged.span()}"
+    k = rec.cfg("method.prefix_tokens")
+    fixed = rec.cfg("method.prefix_tokens_min") is None and rec.cfg("method.prefix_fraction") is None
+    if fixed and isinstance(k, int | float):
+        return float(k), "method.prefix_tokens (fixed K)"
+    return None, ""
 
 
 def coverage(rec: RunRecord) -> list[Finding]:
@@ -121,6 +146,7 @@ def coverage(rec: RunRecord) -> list[Finding]:
         return []
     severity = Severity.ERROR if share < COVERAGE_ERROR else Severity.WARNING
     k, t = rec.cfg("method.prefix_tokens"), rec.cfg("method.teacher_max_tokens")
+    k_used, k_source = drawn_k(rec)
     chain_s = rec.get("student/completion_tokens_mean")
     chain = chain_s.mean() if chain_s else math.nan
     tb = teacher_budget(rec)
@@ -133,16 +159,16 @@ def coverage(rec: RunRecord) -> list[Finding]:
         evidence.append(
             Evidence("student/completion_tokens_mean", chain, chain_s.span(), "the student's real chain")
         )
-    if k is not None:
-        evidence.append(Evidence("method.prefix_tokens (K)", k))
-    if t is not None:
-        evidence.append(Evidence("method.teacher_max_tokens (t)", t))
+    for source, value, note in (("K", k_used, k_source), ("method.teacher_max_tokens (t)", t, "")):
+        if value is not None:
+            evidence.append(Evidence(source, value, note=note))
     fixes: list[Fix] = []
     if tb.saturated:
         fixes.append(
             Fix("method.teacher_max_tokens", str(tb.target()), "the teacher is truncated: raise t first")
         )
-    if math.isfinite(chain):
+    # K is a single-turn knob: an episodic domain refuses it (its ROSE split is student_turns).
+    if math.isfinite(chain) and not episodic(rec):
         k_now = int(k) if isinstance(k, int | float) else 0
         k_target = max(nice_tokens(2 * k_now) if k_now else 0, nearest_pow2(chain / 4))
         if k_target < chain and k_target > k_now:
@@ -153,11 +179,9 @@ def coverage(rec: RunRecord) -> list[Finding]:
                     f"move the cut point toward the student's {fmt(chain)}-token chain (1/4-1/2 of it)",
                 )
             )
-    where = (
-        f"tokens {fmt(k)}-{fmt(k + t)}"
-        if isinstance(k, int | float) and isinstance(t, int | float)
-        else "a window"
-    )
+    where = "a window"
+    if k_used is not None and isinstance(t, int | float):
+        where = f"tokens {fmt(k_used)}-{fmt(k_used + t)}"
     return [
         Finding(
             name="supervision_coverage",
@@ -167,7 +191,9 @@ def coverage(rec: RunRecord) -> list[Finding]:
             why=f"CE lands only on {where} of a ~{fmt(chain)}-token chain: the student is taught to keep writing "
             "mid-chain, never how to converge to an answer (reference: tokens 1024-2048 of 16-18.6k, ~6%).",
             fixes=fixes,
-            advice="" if fixes else "raise method.prefix_tokens (K) toward the student's chain length",
+            advice=""
+            if fixes
+            else f"raise {'method.student_turns' if episodic(rec) else 'method.prefix_tokens (K)'} toward the chain",
         )
     ]
 
@@ -218,7 +244,7 @@ def student_truncation(rec: RunRecord) -> list[Finding]:
         longest = rec.get("student/completion_tokens_max")
         f = _truncation_finding(
             "student_truncation",
-            "student rollouts",
+            f"student {unit(rec, 'rollout')}s",
             s,
             "rollout.max_new_tokens",
             rec.cfg("rollout.max_new_tokens"),
@@ -233,7 +259,7 @@ def student_truncation(rec: RunRecord) -> list[Finding]:
         longest = rec.get(f"eval/{bench}/response_tokens_p90")
         f = _truncation_finding(
             f"eval_truncation:{bench}",
-            f"eval ({bench}) responses",
+            f"eval ({bench}) {unit(rec, 'response')}s",
             s,
             "eval.max_new_tokens",
             rec.cfg("eval.max_new_tokens"),

@@ -1,5 +1,6 @@
 """Episodes as training data: token sequences with labels on chosen writers, gold replays,
-re-encoding into another tokenizer, and the `env/` figures of a batch.
+re-encoding into another tokenizer family through the tokenizer bridge, and the `env/` figures
+of a batch.
 
 An `Episode` is the exact token sequence the model saw, with every assistant turn tagged by its
 writer. Training rows keep the sequence and put labels only on the turns of the writers being
@@ -14,17 +15,19 @@ observation; `meta["steps"]`, a list of {action, observation}; `meta["gold_score
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from distill.engines.base import Completion
 from distill.episodes.episode import Episode, frame_for
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from distill.engines.base import Completion
     from distill.episodes.episode import ChatFrame
     from distill.episodes.play import EngineAgent
     from distill.episodes.protocol import EpisodicDomain, Script, Task
+    from distill.tokenizer_bridge.bridge import TokenizerBridge
 
 IGNORE = -100
 # The writer of the malformed turns `replay_gold` can insert (never a training target).
@@ -81,56 +84,123 @@ def replay_gold(
 
 
 def retokenize(
-    ep: Episode, tokenizer: PreTrainedTokenizerBase, frame: ChatFrame, script: Script, ongoing: bool = False
+    ep: Episode,
+    bridge: TokenizerBridge,
+    frame: ChatFrame,
+    script: Script,
+    to_teacher: bool,
+    ongoing: bool = False,
+    own: dict[int, list[int]] | None = None,
 ) -> Episode:
-    """The same episode in another tokenizer's tokens, turn by turn (cross-family data).
+    """The same episode in the other side's tokens, turn by turn through the tokenizer bridge
+    (cross-family data): student -> teacher with `to_teacher`, else teacher -> student.
 
-    Each turn's text is re-encoded on its own, so turn boundaries and writers carry over; a turn
-    that ended with EOS ends with the new tokenizer's EOS. `ongoing`: the episode is still being
-    played, so its last observation is encoded too, ready for the next turn.
+    Each turn's exact ids cross on their own (special tokens by role or name, text re-encoded
+    with special-token matching off, a truncated turn's unfinished character dropped), so turn
+    boundaries and writers carry over and a turn that ended with EOS ends with the other side's
+    EOS; a turn that did not cross losslessly is marked `seam_ok=False`. `own`: turns (by index)
+    already in the far side's tokens, kept as they are (a bridged writer's own turns). `ongoing`:
+    the episode is still being played, so its last observation is encoded too.
     """
-    out = Episode(item=ep.item, worker=ep.worker, tokenizer=tokenizer, frame=frame)
+    from distill.tokenizer_bridge.bridge import trim_partial
+
+    source = bridge.student if to_teacher else bridge.teacher
+    convert = bridge.to_teacher if to_teacher else bridge.to_student
+    out = Episode(
+        item=ep.item,
+        worker=ep.worker,
+        tokenizer=bridge.teacher if to_teacher else bridge.student,
+        frame=frame,
+        position=ep.position,
+    )
     out.begin(ep.first_observation, script)
     for i, turn in enumerate(ep.turns):
-        ids = turn_ids(tokenizer, turn.response, turn.truncated)
-        new = out.add_turn(turn.writer, ids, turn.response, turn.truncated, turn.action)
+        if own is not None and i in own:
+            ids, lossless = own[i], True
+        else:
+            moved = convert(trim_partial(source, turn.ids) if turn.truncated else turn.ids)
+            ids, lossless = moved.ids, moved.lossless
+        new = out.add_turn(
+            turn.writer,
+            ids,
+            turn.response,
+            turn.truncated,
+            turn.action,
+            source_tokens=turn.own_tokens,
+            seam_ok=turn.seam_ok and lossless,
+        )
         out.add_observation(turn.observation, last=not ongoing and i + 1 == len(ep.turns))
         new.valid, new.score = turn.valid, turn.score
     out.score, out.done, out.error, out.moves = ep.score, ep.done, ep.error, ep.moves
     return out
 
 
+@dataclass(frozen=True)
+class BridgedCompletion(Completion):
+    """A turn written in another tokenizer family, in the episode's ids: how many tokens the
+    writer generated in its own tokenizer (what its budget counts), and whether the turn and the
+    context it was written from crossed the bridge losslessly."""
+
+    source_tokens: int = 0
+    seam_ok: bool = True
+
+
 class BridgedAgent:
     """A model of another tokenizer family writing turns of episodes held in the student's
-    tokens (cross-family ROSE): it reads each episode re-encoded turn by turn in its own
-    tokens and its turn's text comes back re-encoded in the episode's tokens."""
+    tokens (cross-family ROSE), through the tokenizer bridge turn by turn: it reads each episode
+    with every student turn's ids crossed to its own tokens (its own earlier turns kept as it
+    wrote them, so its KV cache stays a prefix) in its own chat template, and its turn's ids
+    cross back into the episode's tokens, special tokens by role and never as text."""
 
-    def __init__(self, agent: EngineAgent, script: Script) -> None:
+    def __init__(self, agent: EngineAgent, script: Script, bridge: TokenizerBridge) -> None:
         self.agent = agent
         self.writer = agent.writer
         self.script = script
+        self.bridge = bridge
         engine = agent.engine
-        self.tokenizer = engine.tokenizer
         self.frame = frame_for(engine.tokenizer, engine.enable_thinking)
+        # Per episode (by uid): its turns this agent wrote, by turn index, in the agent's ids.
+        self.own: dict[int, dict[int, list[int]]] = {}
 
     def act(self, episodes: Sequence[Episode]) -> list[Completion]:
-        from distill.engines.base import Completion
+        from distill.tokenizer_bridge.bridge import trim_partial
 
+        # Episodes leave the agent only when they end (ROSE never hands back to the student).
+        self.own = {ep.uid: self.own.get(ep.uid, {}) for ep in episodes}
         views = []
         for ep in episodes:
-            view = retokenize(ep, self.tokenizer, self.frame, self.script, ongoing=True)
+            view = retokenize(
+                ep, self.bridge, self.frame, self.script, to_teacher=True, ongoing=True, own=self.own[ep.uid]
+            )
             # The view of turn t+1 extends the view of turn t: the agent's KV cache carries over.
             view.uid = ep.uid
             views.append(view)
-        out = []
+        out: list[Completion] = []
         for ep, view, comp in zip(episodes, views, self.agent.act(views), strict=True):
             if view.error is not None:  # the agent could not write this turn (its context is full)
                 ep.error = view.error
-            if ep.tokenizer is None:
-                raise ValueError(f"episode {ep.item.id} is text-only: nothing to re-encode into")
-            ids = turn_ids(ep.tokenizer, comp.text, comp.truncated)
-            out.append(Completion(ids=ids, text=comp.text, truncated=comp.truncated))
+            self.own[ep.uid][len(ep.turns)] = list(comp.ids)
+            kept = trim_partial(self.bridge.teacher, comp.ids) if comp.truncated else list(comp.ids)
+            back = self.bridge.to_student(kept)
+            # The turn's text as the engines give it: its text pieces, special tokens left out.
+            text = "".join(piece.text for piece in back.source if not piece.special)
+            out.append(
+                BridgedCompletion(
+                    ids=back.ids,
+                    text=text,
+                    truncated=comp.truncated,
+                    source_tokens=len(comp.ids),
+                    seam_ok=view.seam_ok and back.lossless,
+                )
+            )
         return out
+
+
+def seam_failure_rate(episodes: Sequence[Episode], writer: str = "teacher") -> float:
+    """Share of the episodes with a `writer` turn that did not cross the bridge losslessly
+    (they are left out of the loss)."""
+    bridged = [ep for ep in episodes if any(t.writer == writer for t in ep.turns)]
+    return sum(not ep.seam_ok for ep in bridged) / len(bridged) if bridged else 0.0
 
 
 def episode_stats(episodes: list[Episode], domain: EpisodicDomain) -> dict[str, float]:

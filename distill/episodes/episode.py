@@ -81,6 +81,18 @@ class Turn:
     observation: str = ""
     score: int = 0
     valid: bool = True
+    # The turn's exact ids in the episode's tokens (what re-encoding into another family reads).
+    ids: list[int] = field(default_factory=list, repr=False)
+    # Tokens the writer generated in its own tokenizer, when that differs from the episode's (a
+    # bridged teacher): budgets count these, the mask counts `tokens` (DESIGN.md).
+    source_tokens: int | None = None
+    # False when the turn crossed the tokenizer bridge lossily (its tokens are not trained on).
+    seam_ok: bool = True
+
+    @property
+    def own_tokens(self) -> int:
+        """Tokens in the writer's own tokenizer: what its turn budget counted."""
+        return self.tokens if self.source_tokens is None else self.source_tokens
 
 
 @dataclass
@@ -102,6 +114,9 @@ class Episode:
     # The simulator's gold action sequence, when the reset asked for it.
     gold: list[str] | None = None
     first_observation: str = ""
+    # The item's position in the list `play()` was given (-1 outside play): per-episode draws are
+    # keyed by it, so they do not depend on which episode an environment slot happened to start.
+    position: int = -1
     # Never reused within a process (unlike id()): engines key per-episode state by it.
     uid: int = field(default_factory=_uids.__next__)
 
@@ -142,12 +157,31 @@ class Episode:
             return between[len(self.frame.eos_text) :]
         return between
 
-    def add_turn(self, writer: str, ids: list[int], text: str, truncated: bool, action: str | None) -> Turn:
+    def add_turn(
+        self,
+        writer: str,
+        ids: list[int],
+        text: str,
+        truncated: bool,
+        action: str | None,
+        source_tokens: int | None = None,
+        seam_ok: bool = True,
+    ) -> Turn:
         """An assistant turn: its exact ids (ending in EOS unless cut at the budget) and the
         action the domain parsed from its text (None: no action, answered by the script's
-        invalid-action feedback)."""
+        invalid-action feedback). A bridged writer's turn also says how many tokens it wrote in
+        its own tokenizer and whether it crossed the bridge losslessly."""
         self._append(list(ids), writer)
-        turn = Turn(writer=writer, response=text, tokens=len(ids), truncated=truncated, action=action)
+        turn = Turn(
+            writer=writer,
+            response=text,
+            tokens=len(ids),
+            truncated=truncated,
+            action=action,
+            ids=list(ids),
+            source_tokens=source_tokens,
+            seam_ok=seam_ok,
+        )
         turn.valid = turn.action is not None
         self.turns.append(turn)
         return turn
@@ -188,6 +222,11 @@ class Episode:
     def failed(self) -> bool:
         return self.error is not None
 
+    @property
+    def seam_ok(self) -> bool:
+        """Every turn that crossed the tokenizer bridge did so losslessly."""
+        return all(t.seam_ok for t in self.turns)
+
     def record(self, domain: EpisodicDomain) -> dict[str, Any]:
         """The episode as one JSON row (samples, eval files)."""
         return {
@@ -206,4 +245,6 @@ class Episode:
             "env_seconds": round(self.env_seconds, 3),
             "error": self.error,
             "actions": [t.action for t in self.turns],
+            # Cross-family episodes: whether every bridged turn crossed losslessly (trained on).
+            **({"seam_ok": self.seam_ok} if any(t.source_tokens is not None for t in self.turns) else {}),
         }

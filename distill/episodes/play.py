@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from distill.episodes.data import BridgedCompletion
 from distill.episodes.episode import ChatFrame, Episode
 
 if TYPE_CHECKING:
@@ -163,6 +164,9 @@ class _Table:
             self.progress(1)
 
 
+TurnBudget = int | Callable[[Episode], int]
+
+
 def play(
     domain: EpisodicDomain,
     items: Sequence[Task],
@@ -170,16 +174,17 @@ def play(
     tokenizer: PreTrainedTokenizerBase | None,
     frame: ChatFrame | None,
     gold: bool = False,
-    max_turns: int | None = None,
+    max_turns: TurnBudget | None = None,
     on_turn: Callable[[Episode], None] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[Episode]:
     """Play one episode per item; episodes come back in item order, failed ones with `error`.
 
     `tokenizer` None plays text-only episodes (no token sequence); `gold` asks each reset for the
-    scripted action sequence; `max_turns` overrides the domain's turn budget."""
+    scripted action sequence; `max_turns` overrides the domain's turn budget, as a number or
+    per episode (a gold replay's budget is its own script's length)."""
     envs = domain.envs()
-    limit = max_turns if max_turns is not None else domain.max_turns
+    limit: TurnBudget = max_turns if max_turns is not None else domain.max_turns
     queue: deque[tuple[int, Task]] = deque(enumerate(items))
     table = _Table(progress)
     while queue or table.active:
@@ -190,7 +195,7 @@ def play(
         if starts:
             replies = envs.reset_many([(slot, item, gold) for slot, _, item in starts])
             for (slot, position, item), reply in zip(starts, replies, strict=True):
-                ep = Episode(item=item, worker=slot, tokenizer=tokenizer, frame=frame)
+                ep = Episode(item=item, worker=slot, tokenizer=tokenizer, frame=frame, position=position)
                 if isinstance(reply, Exception):
                     ep.error = f"reset failed: {reply}"
                     table.finish(None, position, ep)
@@ -220,14 +225,19 @@ def _write_turns(domain: EpisodicDomain, table: _Table, policy: Policy) -> None:
             if ep.error is not None:  # the agent could not write this turn (e.g. its context is full)
                 table.finish(slot, position, ep)
                 continue
-            ep.add_turn(agent.writer, comp.ids, comp.text, comp.truncated, domain.parse_action(comp.text))
+            # A bridged writer's turn says what it cost in its own tokens and whether it crossed.
+            source_tokens, seam_ok = (
+                (comp.source_tokens, comp.seam_ok) if isinstance(comp, BridgedCompletion) else (None, True)
+            )
+            action = domain.parse_action(comp.text)
+            ep.add_turn(agent.writer, comp.ids, comp.text, comp.truncated, action, source_tokens, seam_ok)
 
 
 def _step(
     domain: EpisodicDomain,
     envs: EnvSlots,
     table: _Table,
-    limit: int,
+    limit: TurnBudget,
     on_turn: Callable[[Episode], None] | None,
 ) -> None:
     """Send every parsed action to its environment; record the observations; end episodes."""
@@ -236,7 +246,7 @@ def _step(
         if on_turn is not None:
             on_turn(ep)
         turn = ep.turns[-1]
-        last_turn = len(ep.turns) >= limit
+        last_turn = len(ep.turns) >= _budget(limit, ep)
         if turn.action is None:
             ep.invalid(domain.script, last=last_turn)
             if last_turn:
@@ -258,7 +268,11 @@ def _step(
         ep.score, ep.moves = reply.score, reply.moves
         ep.turns[-1].score = ep.score
         ep.done = reply.done
-        last = ep.done or len(ep.turns) >= limit
+        last = ep.done or len(ep.turns) >= _budget(limit, ep)
         ep.add_observation(reply.observation, last=last, valid=reply.valid)
         if last:
             table.finish(slot, position, ep)
+
+
+def _budget(limit: TurnBudget, ep: Episode) -> int:
+    return limit(ep) if callable(limit) else limit

@@ -13,12 +13,13 @@ run under that run, in the store the run was logged to.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from distill.config import DomainBase
+    from distill.domains.base import Domain, Item
     from distill.evals.single_turn import EvalResult
     from distill.settings import Settings
     from distill.tracking.rundir import RunDir
@@ -71,6 +72,28 @@ class EvalRequest:
     protocol: str | None = None
     workers: int | None = None
     experiment: str | None = None
+    # `domain.*` fields given as overrides or a config file's `domain:` section (held-out
+    # environments, seeds, sizes); validated like a run's.
+    domain_fields: dict[str, Any] = field(default_factory=dict)
+    # Sequences per generation batch (eval.batch_size); None: EvalConfig's default.
+    batch_size: int | None = None
+
+
+@dataclass
+class PreparedEval:
+    """An eval checked and its items loaded, before any model is resolved or loaded."""
+
+    req: EvalRequest
+    episodic: bool
+    sampling: Sampling
+    domain_config: DomainBase
+    domain: Domain
+    items: list[Item]
+    source: str  # where the items came from
+
+    @property
+    def bench(self) -> str:
+        return self.req.benchmark or self.req.domain
 
 
 @dataclass
@@ -179,29 +202,25 @@ def eval_experiment(model: str, experiment: str | None) -> str:
 
 
 def eval_domain_config(req: EvalRequest, episodic: bool) -> DomainBase:
+    """The domain as `distill eval` sees it: the protocol's turn budget, then the user's domain
+    fields, then what the options (--benchmark, --data, --workers) say."""
     from distill.config import domain_config
 
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = {"max_turns": AGENTGYM_MAX_TURNS} if episodic else {}
+    fields.update(req.domain_fields)
     if req.benchmark is not None and not episodic:
-        fields = {"eval_benchmark": req.benchmark, "eval_data": req.data}
-    if episodic:
-        fields["max_turns"] = AGENTGYM_MAX_TURNS
-        if req.workers is not None:
-            fields["pool_size"] = req.workers
+        fields.update(eval_benchmark=req.benchmark, eval_data=req.data)
+    if episodic and req.workers is not None:
+        fields["pool_size"] = req.workers
     return domain_config(req.domain, **fields)
 
 
-def evaluate_model(
-    req: EvalRequest, path: str, settings: Settings, say: Callable[[str], object] = print
-) -> EvalOutcome:
-    """Evaluate the model at `path` (the caller resolved `req.model`), write and log the result;
-    `say` gets the warnings (a budget capped at the model's context) before the eval starts."""
+def prepare_eval(req: EvalRequest) -> PreparedEval:
+    """Check the options and load the items: every mistake that needs no model (a bad data file, a
+    wrong domain field) is found here, before a zoo build or a model load. The caller closes
+    `prepared.domain` (worker processes of graders and simulators)."""
     from distill import registry
-    from distill.config import EvalConfig
     from distill.domains import build_domain
-    from distill.engines.context import check_budget
-    from distill.engines.hf import HFEngine
-    from distill.evals import evaluator_for
 
     episodic = registry.domain_entry(req.domain).episodic
     if episodic and req.benchmark is None:
@@ -217,18 +236,34 @@ def evaluate_model(
         )
     )
     cfg = eval_domain_config(req, episodic)
-    if Path(path).exists() and not (Path(path) / "config.json").exists():
-        raise ValueError(f"{req.model} is not a model folder (no config.json)")
     domain = build_domain(cfg)
-    bench = req.benchmark or req.domain
     try:
         if req.benchmark is not None and episodic:
             items, source = domain.benchmark_items(req.benchmark, req.data, req.items)
         else:
             items = domain.eval_items()[: req.items]
-            source = f"{len(items)} items of {bench}"
+            source = f"{len(items)} items of {req.benchmark or req.domain}"
+    except BaseException:
+        domain.close()
+        raise
+    return PreparedEval(req, episodic, sampling, cfg, domain, items, source)
+
+
+def evaluate_model(
+    req: EvalRequest | PreparedEval, path: str, settings: Settings, say: Callable[[str], object] = print
+) -> EvalOutcome:
+    """Evaluate the model at `path` (the caller resolved `req.model`), write and log the result;
+    `say` gets the warnings (a budget capped at the model's context) before the eval starts."""
+    from distill.config import EvalConfig
+    from distill.engines.context import check_budget
+    from distill.engines.hf import HFEngine
+    from distill.evals import evaluator_for
+
+    prep = req if isinstance(req, PreparedEval) else prepare_eval(req)
+    req, sampling, items, bench = prep.req, prep.sampling, prep.items, prep.bench
+    try:
         engine = HFEngine.load(path, enable_thinking=sampling.enable_thinking)
-        if not episodic:
+        if not prep.episodic:
             lengths = [len(engine.prompt_ids(item.prompt)) for item in items]
             check = check_budget("max_new_tokens", sampling.max_new_tokens, engine.context, lengths, "eval")
             if warning := check.warning():
@@ -239,14 +274,27 @@ def evaluate_model(
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             max_new_tokens=sampling.max_new_tokens,
+            **({"batch_size": req.batch_size} if req.batch_size is not None else {}),
         )
-        result = evaluator_for(domain)(engine, domain, items, eval_cfg, f"eval {req.model} on {bench}")
+        evaluate = evaluator_for(prep.domain)
+        result = evaluate(engine, prep.domain, items, eval_cfg, f"eval {req.model} on {bench}")
     finally:
-        domain.close()  # worker processes (the dapo grader, simulators) stop here
+        prep.domain.close()  # worker processes (the dapo grader, simulators) stop here
     out = settings.workspace / "evals" / f"{bench}-{Path(req.model).name}-k{sampling.k}.jsonl"
     result.write(out)
-    run_id, parent = _log(req, bench, sampling, len(items), source, result, out, settings)
-    return EvalOutcome(result, bench, sampling, source, len(items), out, run_id, parent, cfg, episodic)
+    run_id, parent = _log(req, bench, sampling, len(items), prep.source, result, out, settings)
+    return EvalOutcome(
+        result,
+        bench,
+        sampling,
+        prep.source,
+        len(items),
+        out,
+        run_id,
+        parent,
+        prep.domain_config,
+        prep.episodic,
+    )
 
 
 def _log(
@@ -284,6 +332,7 @@ def _log(
             "top_p": sampling.top_p,
             "max_new_tokens": sampling.max_new_tokens,
             "enable_thinking": sampling.enable_thinking,
+            **{f"domain.{key}": value for key, value in req.domain_fields.items()},
         }
     )
     tracker.log_metrics(result.named(bench), step=0)

@@ -54,11 +54,12 @@ def supervised_share(supervised: Sequence[int], full_lengths: Sequence[int]) -> 
 
 
 def teacher_turns(episodes: Sequence[Episode], budget: int, writer: str = "teacher") -> dict[str, float]:
-    """The teacher budget figures over the turns `writer` wrote (episodes: one budget per turn)."""
-    from distill.episodes.data import writer_turns
-
-    tokens, truncated = writer_turns(episodes, writer)
-    return teacher_budget(tokens, truncated, budget)
+    """The teacher budget figures over the turns `writer` wrote (episodes: one budget per turn),
+    counted in the writer's own tokens: a bridged teacher's turn holds student tokens in the
+    episode, but its budget `budget` was spent in teacher tokens (DESIGN.md: budgets in the
+    teacher's tokens, coverage and the mask in the student's)."""
+    turns = [t for ep in episodes for t in ep.turns if t.writer == writer]
+    return teacher_budget([t.own_tokens for t in turns], [t.truncated for t in turns], budget)
 
 
 def context_checks(config: RunConfig, domain: Domain, student: Engine, teacher: Engine) -> list[BudgetCheck]:

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
     from distill.methods.context import RunContext
 
+# The longest a checkpoint waits for the tracker to send its queued points.
+CHECKPOINT_SYNC_S = 30.0
+
 # trainer log key -> distill metric name
 RENAME = {
     "loss": "train/loss",
@@ -108,7 +111,12 @@ class DistillCallback(TrainerCallback):
 
                 shutil.rmtree(dst)
             os.replace(src, dst)
-            self.ctx.log.tracker.set_tags({"checkpoint.last": str(dst)})
+            tracker = self.ctx.log.tracker
+            tracker.set_tags({"checkpoint.last": str(dst)})
+            # MLflow level with metrics.jsonl at every commit point (a kill after it loses nothing
+            # that `--resume` keeps); bounded, and skipped while the store is down, so a slow or
+            # unreachable store never holds the run.
+            tracker.sync(CHECKPOINT_SYNC_S)
 
 
 def quiet(trainer: Any) -> Any:

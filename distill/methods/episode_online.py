@@ -11,18 +11,29 @@
 
 Both run on the online trainer ROSE shares (online.py): a batch of item indices becomes a batch
 of episodes inside `training_step`. Episodes are in the student's tokens; a teacher of another
-tokenizer family writes its ROSE turns through `BridgedAgent` (turn by turn re-encoding); OPD
-needs one tokenizer (the teacher scores the student's own ids).
+tokenizer family writes its ROSE turns through `BridgedAgent` (the tokenizer bridge, turn by
+turn; an episode with a lossy seam is left out of the loss, `teacher/seam_failure_rate`), and
+its budget figures count its own tokens; OPD needs one tokenizer (the teacher scores the
+student's own ids). Every draw of a micro-batch (N per episode, sampled tokens) is seeded by
+(run seed, step, micro-batch index): micro-batches differ, and a resumed run draws what the
+uninterrupted run drew.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import time
 from typing import TYPE_CHECKING, Any
 
 from distill.config import OPDMethod, ROSEMethod
-from distill.episodes.data import BridgedAgent, episode_example, episode_stats, writer_turns
+from distill.episodes.data import (
+    BridgedAgent,
+    episode_example,
+    episode_stats,
+    seam_failure_rate,
+    writer_turns,
+)
 from distill.episodes.episode import frame_for
 from distill.episodes.play import EngineAgent, Policy, handover, play, single
 from distill.episodes.protocol import as_episodic
@@ -42,21 +53,32 @@ def same_tokenizer(ctx: RunContext) -> bool:
     return bool(ctx.student.tokenizer.get_vocab() == ctx.teacher.tokenizer.get_vocab())
 
 
-def student_turns_for(method: ROSEMethod, rng: random.Random) -> Any:
-    """N per episode: fixed `student_turns`, or drawn from [student_turns_min, student_turns]."""
+def micro_batch_seed(seed: int, step: int, micro: int) -> int:
+    """The seed of one micro-batch's draws, a function of (run seed, optimizer step, micro-batch
+    index) only: every gradient-accumulation micro-batch draws its own stream, and a run resumed
+    at step s draws exactly what the uninterrupted run drew there."""
+    digest = hashlib.sha256(f"distill-episodes:{seed}:{step}:{micro}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # < 2**63: torch.manual_seed takes it
+
+
+def student_turns_for(method: ROSEMethod, rng: random.Random, count: int) -> Any:
+    """N per episode: fixed `student_turns`, or drawn from [student_turns_min, student_turns],
+    one draw per item position in order (not in the order the environments start episodes)."""
     low = method.student_turns_min
-    drawn: dict[int, int] = {}
+    drawn = [
+        method.student_turns if low is None else rng.randint(low, method.student_turns) for _ in range(count)
+    ]
 
     def pick(ep: Episode) -> int:
-        if low is None:
-            return method.student_turns
-        return drawn.setdefault(ep.uid, rng.randint(low, method.student_turns))
+        return drawn[ep.position]
 
     return pick
 
 
 def play_batch(ctx: RunContext, engine: HFEngine, items: list[Any], rng: random.Random) -> list[Episode]:
     """This step's episodes: the live student alone (OPD), or handing over to the teacher (ROSE)."""
+    from distill.tokenizer_bridge.bridge import TokenizerBridge
+
     cfg = ctx.config
     domain = as_episodic(ctx.domain)
     student = EngineAgent(
@@ -79,10 +101,23 @@ def play_batch(ctx: RunContext, engine: HFEngine, items: list[Any], rng: random.
             cfg.eval.batch_size,
         )
         if not same_tokenizer(ctx):
-            teacher = BridgedAgent(teacher, domain.script)
-        policy = handover(student, teacher, student_turns_for(method, rng))
+            bridge = TokenizerBridge(ctx.student.tokenizer, ctx.teacher.tokenizer)
+            teacher = BridgedAgent(teacher, domain.script, bridge)
+        policy = handover(student, teacher, student_turns_for(method, rng, len(items)))
     tokenizer = ctx.student.tokenizer
     return play(domain, items, policy, tokenizer, frame_for(tokenizer, ctx.student.enable_thinking))
+
+
+def seeded_play(ctx: RunContext, engine: HFEngine, items: list[Any], seed: int) -> list[Episode]:
+    """`play_batch` with every draw seeded by `seed`: the N per episode (Python) and the
+    student's and teacher's sampled tokens (torch's generator, forked so the training step's own
+    stream, e.g. dropout, is left as it was)."""
+    import torch
+
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        return play_batch(ctx, engine, items, random.Random(seed))
 
 
 def opd_loss(
@@ -138,7 +173,11 @@ def opd_loss(
 
 class EpisodeTrainer(OnlineTrainer):
     """Each micro-batch: a batch of episodes from the live student, then ROSE's CE on the
-    teacher's turns or OPD's loss on the student's."""
+    teacher's turns or OPD's loss on the student's. The step's figures cover all its
+    micro-batches."""
+
+    _episodes: list[Episode]
+    _times: dict[str, float]
 
     def training_step(
         self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None
@@ -147,52 +186,69 @@ class EpisodeTrainer(OnlineTrainer):
         cfg = ctx.config
         domain = as_episodic(ctx.domain)
         step = self.state.global_step
-        self.begin_micro_batch()
+        if self.begin_micro_batch():
+            self._episodes, self._times = [], {"perf/gen_time_s": 0.0, "perf/train_time_s": 0.0}
         items = self.step_items(inputs)
         engine = self.live_engine()
         t0 = time.perf_counter()
         was_training = engine.model.training
         engine.model.eval()
-        episodes = play_batch(ctx, engine, items, self.step_rng(per_micro_batch=False))
+        episodes = seeded_play(ctx, engine, items, micro_batch_seed(cfg.seed, step, self._micro))
         if was_training:
             engine.model.train()
         t1 = time.perf_counter()
         if isinstance(cfg.method, ROSEMethod):
-            loss, extra = self._rose_loss(model, episodes, cfg.method)
+            loss = self._rose_loss(model, episodes)
         else:
             model.train()
             method = ctx.method_as(OPDMethod)
             raw, extra = opd_loss(model, ctx, episodes, method.coef, method.advantage_clip)
             self.accelerator.backward(raw / self.args.gradient_accumulation_steps)
             loss = raw.detach()
+            ctx.log.add(extra)
         t2 = time.perf_counter()
-        lengths, truncated = writer_turns(episodes, "student")
-        ctx.log.add(
-            {
-                **episode_stats(episodes, domain),
-                **extra,
-                "perf/gen_time_s": t1 - t0,
-                "perf/train_time_s": t2 - t1,
-                "student/completion_tokens_mean": sum(lengths) / max(len(lengths), 1),
-                "student/completion_tokens_max": float(max(lengths, default=0)),
-                "student/truncation_rate": sum(truncated) / max(len(truncated), 1),
-                "_tokens": float(sum(len(ep.ids) for ep in episodes)),
-            }
-        )
-        ctx.log.samples(step + 1, [ep.record(domain) for ep in episodes[: cfg.tracking.sample_rows]])
+        self._episodes.extend(episodes)
+        self._times["perf/gen_time_s"] += t1 - t0
+        self._times["perf/train_time_s"] += t2 - t1
+        ctx.log.add({**self._step_figures(domain), **self._times})
+        ctx.log.samples(step + 1, [ep.record(domain) for ep in self._episodes[: cfg.tracking.sample_rows]])
         return loss
 
-    def _rose_loss(
-        self, model: Any, episodes: list[Episode], method: ROSEMethod
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        ok = [ep for ep in episodes if not ep.failed]
-        examples = [episode_example(ep, ["teacher"]) for ep in ok if sum(ep.mask({"teacher"}))]
-        if not examples:
+    def _step_figures(self, domain: Any) -> dict[str, float]:
+        """The env/, student/ and (ROSE) teacher/ figures over this step's episodes so far."""
+        cfg = self.distill_ctx.config
+        episodes = self._episodes
+        lengths, truncated = writer_turns(episodes, "student")
+        out = {
+            **episode_stats(episodes, domain),
+            "student/completion_tokens_mean": sum(lengths) / max(len(lengths), 1),
+            "student/completion_tokens_max": float(max(lengths, default=0)),
+            "student/truncation_rate": sum(truncated) / max(len(truncated), 1),
+            "_tokens": float(sum(len(ep.ids) for ep in episodes)),
+        }
+        if isinstance(cfg.method, ROSEMethod):
+            # Budgets in the teacher's own tokens (its turn budget is counted in them).
+            out.update(teacher_turns(episodes, cfg.method.teacher_max_tokens))
+            if any(t.source_tokens is not None for ep in episodes for t in ep.turns):  # bridged
+                out["teacher/seam_failure_rate"] = seam_failure_rate(episodes)
+        return out
+
+    def _rose_loss(self, model: Any, episodes: list[Episode]) -> torch.Tensor:
+        ok = [ep for ep in episodes if not ep.failed and any(ep.mask({"teacher"}))]
+        if not ok:
             raise ValueError(
                 f"rose: no episode of step {self.state.global_step + 1} reached a teacher turn (all ended "
                 "within the student's turns); lower method.student_turns"
             )
-        return self.ce_step(model, examples), teacher_turns(episodes, method.teacher_max_tokens)
+        # A turn that crossed the tokenizer bridge lossily leaves its episode out of the loss.
+        examples = [episode_example(ep, ["teacher"]) for ep in ok if ep.seam_ok]
+        if not examples:
+            cfg = self.distill_ctx.config
+            raise ValueError(
+                f"rose: no episode of step {self.state.global_step + 1} crossed the tokenizer bridge "
+                f"losslessly (`distill bridge check --student {cfg.student.name} --teacher {cfg.teacher.name}`)"
+            )
+        return self.ce_step(model, examples)
 
 
 def train(ctx: RunContext) -> None:

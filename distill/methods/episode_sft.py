@@ -1,8 +1,10 @@
 """Teacher-SFT on an episodic domain: the teacher plays the training items, the student is
 fine-tuned with CE on the teacher's turns of its own (successful) episodes.
 
-Episodes are played in the teacher's tokens and re-encoded turn by turn for a student of another
-tokenizer family; environment text, template tokens and a fixed first reply are never labelled.
+Episodes are played in the teacher's tokens and cross the tokenizer bridge turn by turn for a
+student of another tokenizer family (an episode that does not cross losslessly is dropped and
+counted in `teacher/seam_failure_rate`); environment text, template tokens and a fixed first
+reply are never labelled.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def teacher_episodes(ctx: RunContext) -> list[dict[str, Any]]:
     from distill.episodes.play import EngineAgent, play, single
     from distill.episodes.protocol import as_episodic
     from distill.progress import progress_bar
+    from distill.tokenizer_bridge.bridge import TokenizerBridge
 
     cfg = ctx.config
     method = ctx.method_as(SFTMethod)
@@ -51,20 +54,27 @@ def teacher_episodes(ctx: RunContext) -> list[dict[str, Any]]:
             progress=advance,
         )
     student = ctx.student
-    same = student.tokenizer.get_vocab() == teacher.tokenizer.get_vocab()
+    bridge = TokenizerBridge(student.tokenizer, teacher.tokenizer)
     frame = frame_for(student.tokenizer, student.enable_thinking)
     rows = []
+    seams: list[bool] = []
     for ep in episodes:
         if ep.failed:
             continue
-        seq = ep if same else retokenize(ep, student.tokenizer, frame, domain.script)
-        ids, labels = episode_example(seq, ["teacher"])
+        if not bridge.same:
+            # Turn by turn through the bridge; an episode that crossed lossily is not trained on.
+            ep = retokenize(ep, bridge, frame, domain.script, to_teacher=False)
+            seams.append(ep.seam_ok)
+            if not ep.seam_ok:
+                continue
+        ids, labels = episode_example(ep, ["teacher"])
         rows.append({**ep.record(domain), "input_ids": ids, "labels": labels})
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as fh:
         for row in rows:
             fh.write(json.dumps(row) + "\n")
-    ctx.log.write(0, {**episode_stats(episodes, domain), **teacher_turns(episodes, budget)})
+    seam = {"teacher/seam_failure_rate": 1 - sum(seams) / len(seams)} if seams else {}
+    ctx.log.write(0, {**episode_stats(episodes, domain), **teacher_turns(episodes, budget), **seam})
     return rows
 
 

@@ -9,7 +9,9 @@ teacher's view of the same token ids. They differ only in what they do with it:
   `sg(k1) * logp_S`, whose gradient is the reverse-KL gradient. (`k1` differentiated as it stands
   has gradient `grad logp_S`, zero in expectation and blind to the teacher.) No importance ratio,
   no clipping: the plain on-policy estimator beside `token_reward_direct`'s PPO-style loss.
-- `k3` / `low_var_kl`: Schulman's low-variance estimate `exp(r) - r - 1`, `r = logp_T - logp_S`.
+- `k3` / `low_var_kl`: Schulman's low-variance estimate `exp(r) - r - 1`, `r = logp_T - logp_S`,
+  clamped as verl clamps it. Its *value* estimates the reverse KL, but differentiated through the
+  sampled tokens its gradient is the forward KL's (see `direct_kl_per_token`).
 - `forward_kl_topk`: KL(teacher || student) over the teacher's top-k tokens, with the teacher's
   remaining mass matched against the student's remaining mass as one tail bucket.
 - `jsd`: full-vocabulary generalised JSD (`beta` 0 forward KL, 1 reverse KL, TRL's convention),
@@ -28,8 +30,10 @@ import torch
 
 LossName = Literal["token_reward_direct", "k1", "k3", "low_var_kl", "forward_kl_topk", "jsd"]
 DIRECT_KL = ("k1", "k3", "low_var_kl")
-# verl clamps the low-variance estimate's log-ratio so exp() stays finite on outliers.
+# verl (`kl_penalty`, low_var_kl) clamps the log-ratio so exp() stays finite on outliers, and the
+# final per-token value to [-10, 10] so one token the teacher finds far likelier cannot dominate.
 K3_LOG_RATIO_CLAMP = 20.0
+K3_VALUE_CLAMP = 10.0
 
 
 def masked_mean(values_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
@@ -38,12 +42,20 @@ def masked_mean(values_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tenso
 
 
 def direct_kl_per_token(kind: str, logp_S_B_T: torch.Tensor, logp_T_B_T: torch.Tensor) -> torch.Tensor:
-    """Per-token KL estimate on sampled tokens, differentiable through the student's logprobs."""
+    """Per-token KL estimate on sampled tokens, differentiable through the student's logprobs.
+
+    `k3` / `low_var_kl` is verl's: `r = clamp(logp_T - logp_S, -20, 20)`, value
+    `clamp(exp(r) - r - 1, -10, 10)`. On tokens sampled from the student its value is an unbiased
+    estimate of the reverse KL(student || teacher), but its gradient is not the reverse KL's:
+    d k3 / d theta = (1 - p_T / p_S) grad logp_S, whose expectation under x ~ p_S is
+    -sum_x p_T(x) grad logp_S(x) = grad KL(teacher || student), the *forward* KL's gradient (the
+    sampling distribution itself is not differentiated). Where the clamp binds the gradient is 0.
+    """
     if kind == "k1":
         return (logp_S_B_T - logp_T_B_T).detach() * logp_S_B_T
     if kind in ("k3", "low_var_kl"):
         r = (logp_T_B_T - logp_S_B_T).clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
-        return torch.exp(r) - r - 1.0
+        return (torch.exp(r) - r - 1.0).clamp(-K3_VALUE_CLAMP, K3_VALUE_CLAMP)
     raise ValueError(f"method.loss: {kind!r} is not a direct KL estimate (one of {', '.join(DIRECT_KL)})")
 
 

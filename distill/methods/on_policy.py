@@ -39,6 +39,8 @@ from distill.methods.scoring import check_lengths, unpad_rows
 if TYPE_CHECKING:
     from distill.engines.base import TokenScores
     from distill.methods.context import RunContext
+    from distill.methods.cross_family import CrossFamily
+    from distill.tokenizer_bridge.granularity import AlignedSample
 
 
 class KLMeter:
@@ -86,19 +88,30 @@ class Rollouts:
     completion_rows: list[list[int]]
     teacher_prompts: list[list[int]]
     gen_time: float
+    # Cross-family (cross_family.py): each completion in the teacher's tokens, with its byte groups.
+    aligned: list[AlignedSample] | None = None
+
+    @property
+    def teacher_rows(self) -> list[list[int]]:
+        """The completions as the teacher scores them: the student's own ids, or crossed ones."""
+        return self.completion_rows if self.aligned is None else [s.teacher_ids for s in self.aligned]
 
 
 def rollouts(trainer: Any, inputs: list[dict[str, Any]], out: dict[str, Any], gen_time: float) -> Rollouts:
     ctx: RunContext = trainer.distill_ctx
     items = [ctx.items[int(x["item_index"])] for x in inputs]
+    completion_rows = unpad_rows(out["completion_ids"], out["completion_mask"])
+    cross: CrossFamily | None = getattr(trainer, "cross", None)
     return Rollouts(
         inputs,
         out,
         items,
         unpad_rows(out["prompt_ids"], out["prompt_mask"]),
-        unpad_rows(out["completion_ids"], out["completion_mask"]),
+        completion_rows,
+        # The teacher's prompt in its own chat template (cross-family: its own tokens too).
         [trainer.teacher_prompt(ctx.teacher, item) for item in items],
         gen_time,
+        None if cross is None else cross.align(completion_rows),
     )
 
 
@@ -108,9 +121,10 @@ def score_teacher(ctx: RunContext, scorer: Any, batch: Rollouts) -> TokenScores:
     teacher's engine (or its worker process, rollout.async_teacher)."""
     method = ctx.method_as(OnPolicyKL)
     if method.loss == "jsd":
-        return scorer.score(batch.teacher_prompts, batch.completion_rows, states=True)
-    top_k = method.top_k if method.loss == "forward_kl_topk" else 0
-    return scorer.score(batch.teacher_prompts, batch.completion_rows, top_k=top_k)
+        return scorer.score(batch.teacher_prompts, batch.teacher_rows, states=True)
+    # Cross-family: the top-k also says what could extend each token (tokenizer_bridge/boundary.py).
+    top_k = method.top_k if method.loss == "forward_kl_topk" or batch.aligned is not None else 0
+    return scorer.score(batch.teacher_prompts, batch.teacher_rows, top_k=top_k)
 
 
 def teacher_batch(
@@ -135,12 +149,17 @@ def with_teacher(
     ctx: RunContext = trainer.distill_ctx
     out = batch.out
     mask_B_T = out["completion_mask"]
-    teacher = teacher.widened(mask_B_T.shape[1])
-    check_lengths(mask_B_T, teacher)
-    device = mask_B_T.device
     out["advantages"] = torch.zeros_like(mask_B_T, dtype=torch.float32)
-    out["teacher_logps"] = teacher.logprobs_B_T.to(device)
-    out.update(_teacher_targets(ctx.method_as(OnPolicyKL), teacher, device))
+    cross: CrossFamily | None = getattr(trainer, "cross", None)
+    if cross is not None and batch.aligned is not None:
+        targets, figures = cross.targets(batch.aligned, teacher, mask_B_T)
+        out.update(targets)
+        ctx.log.add(figures)
+    else:
+        teacher = teacher.widened(mask_B_T.shape[1])
+        check_lengths(mask_B_T, teacher)
+        out["teacher_logps"] = teacher.logprobs_B_T.to(mask_B_T.device)
+        out.update(_teacher_targets(ctx.method_as(OnPolicyKL), teacher, mask_B_T.device))
     if ctx.config.preflight and not trainer.preflight_done:
         from distill.methods.preflight import check_first_batch
 
@@ -204,6 +223,15 @@ def set_advantages(trainer: Any, inputs: dict[str, Any], student_B_T: torch.Tens
     logprobs, into the batch GRPO's loss is about to read; the step's `kl/` figures."""
     ctx: RunContext = trainer.distill_ctx
     method = ctx.method_as(OnPolicyKL)
+    cross: CrossFamily | None = getattr(trainer, "cross", None)
+    if cross is not None:  # per byte group (cross_family.py)
+        from distill.methods.cross_family import group_advantages
+
+        inputs["advantages"], reverse_kl_N, adv_sum = group_advantages(
+            method, cross.mode, inputs, student_B_T
+        )
+        ctx.log.add(meter(trainer).add(trainer.state.global_step, reverse_kl_N, adv_sum))
+        return
     mask_B_T = inputs["completion_mask"]
     gap_B_T = (inputs["teacher_logps"] - student_B_T) * mask_B_T
     adv_B_T = advantages(method, gap_B_T)
@@ -237,6 +265,17 @@ def divergence_loss(trainer: Any, model: Any, inputs: dict[str, Any]) -> torch.T
     student = trainer.accelerator.unwrap_model(model)
     hidden_N_H = select_positions(hidden_B_T_H, mask_B_T)
     weight, bias = output_head(student)
+    cross: CrossFamily | None = getattr(trainer, "cross", None)
+    if cross is not None:  # per byte group (cross_family.py); jsd is refused cross-family
+        from distill.methods.cross_family import group_divergence
+
+        loss, reverse_kl_N, adv_sum, overlap = group_divergence(
+            method, cross.mode, (weight, bias), hidden_N_H, inputs
+        )
+        if overlap is not None:
+            ctx.log.add({"kl/topk_overlap": overlap})
+        ctx.log.add(meter(trainer).add(trainer.state.global_step, reverse_kl_N, adv_sum))
+        return loss
     sampled_N = inputs["completion_ids"][mask_B_T]
     teacher_N = inputs["teacher_logps"][mask_B_T]
     if method.loss == "jsd":

@@ -10,6 +10,10 @@ prompt is never in the loss); the student's logprobs in A_t come from that loss'
 (on_policy.py). The other members of the loss family (`method.loss`, see losses.py) replace that
 loss with a direct divergence on the same batch. Student tokens, student logprobs and teacher
 logprobs must have equal lengths per sample; a mismatch is an error.
+
+Cross-family pairs (the tokenizers differ) take the byte-aligned path (cross_family.py,
+docs/cross_family.md): the teacher scores the student's text in its own tokens and the signal is
+per byte group; `jsd` (one shared vocabulary) is refused there.
 """
 
 from __future__ import annotations
@@ -20,13 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from distill.config import OnPolicyKL
+from distill.config import OnPolicyKL, OPDMethod
 from distill.engines.states import completion_logprobs
 from distill.methods import on_policy
 from distill.methods.context import RunContext
 
 if TYPE_CHECKING:
     from distill.methods.async_teacher import AsyncTeacher
+    from distill.methods.cross_family import CrossFamily
     from distill.methods.preflight import PromptFor
 
 
@@ -43,13 +48,12 @@ def make_trainer_class() -> type:
         """GRPOTrainer whose signal is the teacher's view of the student's own tokens."""
 
         distill_ctx: RunContext
-        # How the teacher sees an item (OPD: the plain problem; OPSD: with a privileged solution).
-        teacher_prompt: PromptFor
+        teacher_prompt: PromptFor  # OPD: the plain problem; OPSD: with a privileged solution
         preflight_done = False
         # token_reward_direct: the batch whose advantages the next logps forward fills in.
         _advantage_inputs: dict[str, Any] | None = None
-        # rollout.async_teacher: the batch in flight with the teacher (async_teacher.py).
-        pipeline: AsyncTeacher | None = None
+        pipeline: AsyncTeacher | None = None  # rollout.async_teacher (async_teacher.py)
+        cross: CrossFamily | None = None  # cross-family byte groups (cross_family.py); None: same ids
 
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
             if self.pipeline is not None:
@@ -117,8 +121,14 @@ def make_trainer_class() -> type:
     return OPDTrainer
 
 
-def train_on_policy(ctx: RunContext, teacher_prompt: PromptFor, callbacks: Sequence[Any] = ()) -> None:
-    """The loop OPD and OPSD share; they differ in the teacher and how it sees the problem."""
+def train_on_policy(
+    ctx: RunContext,
+    teacher_prompt: PromptFor,
+    callbacks: Sequence[Any] = (),
+    cross: CrossFamily | None = None,
+) -> None:
+    """The loop OPD and OPSD share; they differ in the teacher and how it sees the problem
+    (`cross`: the teacher scores the student's text in its own tokens, OPD only)."""
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -174,6 +184,7 @@ def train_on_policy(ctx: RunContext, teacher_prompt: PromptFor, callbacks: Seque
     )
     trainer.distill_ctx = ctx
     trainer.teacher_prompt = teacher_prompt
+    trainer.cross = cross
     if cfg.rollout.async_teacher:
         from distill.methods.async_teacher import AsyncTeacher
 
@@ -205,13 +216,18 @@ def lora_config(cfg: Any) -> Any:
 
 
 def train(ctx: RunContext) -> None:
+    from distill.methods.cross_family import CrossFamily, refusal
+    from distill.tokenizer_bridge.bridge import same_tokenizer
+
     cfg = ctx.config
-    if ctx.student.tokenizer.get_vocab() != ctx.teacher.tokenizer.get_vocab():
-        raise ValueError(
-            "opd needs student and teacher to share a tokenizer (the teacher scores the student's token "
-            f"ids); {cfg.student.name} and {cfg.teacher.name} differ. Use --method rose for cross-family pairs."
-        )
-    train_on_policy(ctx, plain_prompt)
+    method = ctx.method_as(OPDMethod)
+    cross = None
+    if method.cross_family == "always" or not same_tokenizer(ctx.student.tokenizer, ctx.teacher.tokenizer):
+        reason = refusal(method, cfg.student.name, cfg.teacher.name)
+        if reason:
+            raise ValueError(reason)
+        cross = CrossFamily(ctx.student.tokenizer, ctx.teacher.tokenizer, method)
+    train_on_policy(ctx, plain_prompt, cross=cross)
 
 
 def plain_prompt(engine: Any, item: Any) -> list[int]:

@@ -9,6 +9,7 @@ the loss family, strict lengths, masks, logging - is OPD's core (opd.py).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,8 +35,14 @@ def teacher_message(method: OPSDMethod, domain: Domain, item: Item) -> str:
         ) from None
 
 
+# The EMA teacher's weights inside a checkpoint folder: state the Trainer does not save itself.
+EMA_FILE = "ema_teacher.safetensors"
+
+
 class EMATeacher(TrainerCallback):
-    """After every optimizer step: teacher <- decay * teacher + (1 - decay) * student."""
+    """After every optimizer step: teacher <- decay * teacher + (1 - decay) * student. The teacher
+    is saved with every checkpoint and restored on resume (`restore`): without it a resumed run
+    would average from the step-0 weights again and train against another teacher."""
 
     def __init__(self, teacher: torch.nn.Module, student: torch.nn.Module, decay: float) -> None:
         self.teacher, self.student, self.decay = teacher, student, decay
@@ -44,6 +51,29 @@ class EMATeacher(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         for t, s in zip(self.teacher.parameters(), self.student.parameters(), strict=True):
             t.mul_(self.decay).add_(s.detach().to(t.dtype), alpha=1 - self.decay)
+        if control.should_save and state.is_world_process_zero:
+            # Into the `checkpoint-N` folder the Trainer writes this step's checkpoint to, before
+            # it does: DistillCallback renames it to `step-N` (the commit point) only once the
+            # Trainer is done, so no `step-N` ever lacks its teacher. (`on_save` would be too late:
+            # it runs after DistillCallback's, which comes first in the trainer's callbacks.)
+            from safetensors.torch import save_model
+
+            folder = Path(str(args.output_dir)) / f"checkpoint-{state.global_step}"
+            folder.mkdir(parents=True, exist_ok=True)
+            save_model(self.teacher, str(folder / EMA_FILE))
+
+    def restore(self, checkpoint: Path) -> None:
+        """The teacher as it was when `checkpoint` was written (bit for bit)."""
+        from safetensors.torch import load_model
+
+        path = checkpoint / EMA_FILE
+        if not path.exists():
+            raise ValueError(
+                f"{checkpoint} has no {EMA_FILE}: it was written before distill saved the EMA teacher, "
+                "so resuming would restart the teacher from the step-0 weights; start a new run"
+            )
+        device = next(self.teacher.parameters()).device
+        load_model(self.teacher, path, device=str(device))
 
 
 def train(ctx: RunContext) -> None:
@@ -63,7 +93,10 @@ def train(ctx: RunContext) -> None:
                 raise ValueError(
                     "method.teacher_weights=ema averages full weights; it cannot be combined with lora"
                 )
-            callbacks.append(EMATeacher(teacher.model, ctx.student.model, method.ema_decay))
+            ema = EMATeacher(teacher.model, ctx.student.model, method.ema_decay)
+            if ctx.resume_from is not None:
+                ema.restore(ctx.resume_from)
+            callbacks.append(ema)
 
     def privileged_prompt(engine: Engine, item: Item) -> list[int]:
         return engine.prompt_ids(teacher_message(method, ctx.domain, item))

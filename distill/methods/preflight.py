@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from distill.config import RunConfig
     from distill.domains.base import Item
     from distill.engines.base import Engine
+    from distill.tracking.rundir import RunDir
 
 # How a teacher engine sees an item: the ids of its prompt.
 PromptFor = Callable[["Engine", "Item"], list[int]]
@@ -30,18 +31,53 @@ SHOWN_TOKENS = 24
 
 
 class PreflightError(ValueError):
-    """A check failed: the message names the check and shows the evidence."""
+    """A check failed: the message names the check and shows the evidence. `check` names it,
+    `report` holds what ran up to it (None for the first-batch checks, which run in the trainer)."""
+
+    check = "first batch"
+    report: PreflightReport | None = None
 
 
 @dataclass
 class PreflightReport:
     side_by_side: str
-    checks: list[tuple[str, str]] = field(default_factory=list)  # (name, outcome)
+    checks: list[tuple[str, str]] = field(default_factory=list)  # (name, outcome) of passed checks
+    failed: tuple[str, str] | None = None  # (name, message) of the check that stopped the run
 
     def render(self) -> str:
         lines = [self.side_by_side, ""]
         lines += [f"  ok  {name}: {outcome}" for name, outcome in self.checks]
+        if self.failed is not None:
+            lines.append(f"  FAILED  {self.failed[0]}: {self.failed[1]}")
         return "\n".join(lines)
+
+    def run(self, name: str, check: Callable[[], str]) -> None:
+        """Run one check: its outcome is recorded, or its failure (then PreflightError goes on up,
+        carrying this report)."""
+        try:
+            outcome = check()
+        except PreflightError as exc:
+            self.failed = (name, str(exc))
+            exc.check, exc.report = name, self
+            raise
+        self.checks.append((name, outcome))
+
+    def to_json(self) -> dict[str, Any]:
+        """`preflight.json`: one entry per check with `ok`, the shape diagnose's `preflight_failed`
+        rule reads (a check with `ok: false` is a finding)."""
+        checks: dict[str, Any] = {_key(n): {"ok": True, "detail": o} for n, o in self.checks}
+        if self.failed is not None:
+            checks[_key(self.failed[0])] = {"ok": False, "detail": self.failed[1]}
+        return {"checks": checks, "prompts": self.side_by_side}
+
+
+def failure_entry(exc: PreflightError) -> tuple[str, dict[str, Any]]:
+    """The `checks` entry of a failed check that has no report (a first-batch check)."""
+    return _key(exc.check), {"ok": False, "detail": str(exc)}
+
+
+def _key(name: str) -> str:
+    return name.replace("-", "_").replace(" ", "_")
 
 
 def head_tokens(engine: Engine, ids: Sequence[int], n: int = SHOWN_TOKENS) -> list[str]:
@@ -198,19 +234,34 @@ def run_preflight(
     student_ids = trainer_prompt_ids(student, item.prompt)
     teacher_ids = teacher_prompt(teacher, item)
     report = PreflightReport(prompt_table(student, student_ids, teacher, teacher_ids))
-    check_thinking(config, student, teacher, item)
-    report.checks.append(("thinking mode", f"student and teacher agree ({config.student.enable_thinking})"))
+
+    def thinking() -> str:
+        check_thinking(config, student, teacher, item)
+        return f"student and teacher agree ({config.student.enable_thinking})"
+
+    report.run("thinking mode", thinking)
     if same_template_required:
-        plain = teacher.prompt_ids(item.prompt)
-        if plain != student_ids:
-            raise PreflightError(
-                "chat templates differ: the teacher would score the student's tokens after a different prompt "
-                f"({cfg_names(config)}). First tokens:\n"
-                + side_by_side(
-                    ("student", head_tokens(student, student_ids)), ("teacher", head_tokens(teacher, plain))
-                )
+        report.run("chat template", lambda: _check_template(config, student, teacher, item, student_ids))
+    report.run("self-score", lambda: _check_self_score(student, items, max_new_tokens))
+    return report
+
+
+def _check_template(
+    config: RunConfig, student: Engine, teacher: Engine, item: Item, student_ids: list[int]
+) -> str:
+    plain = teacher.prompt_ids(item.prompt)
+    if plain != student_ids:
+        raise PreflightError(
+            "chat templates differ: the teacher would score the student's tokens after a different prompt "
+            f"({cfg_names(config)}). First tokens:\n"
+            + side_by_side(
+                ("student", head_tokens(student, student_ids)), ("teacher", head_tokens(teacher, plain))
             )
-        report.checks.append(("chat template", "teacher renders the student's prompt token for token"))
+        )
+    return "teacher renders the student's prompt token for token"
+
+
+def _check_self_score(student: Engine, items: Sequence[Item], max_new_tokens: int) -> str:
     sample = list(items[: min(2, len(items))])
     rollout = [trainer_prompt_ids(student, it.prompt) for it in sample]
     completions = [c.ids for c in student.generate(rollout, max_new_tokens, temperature=0.0)]
@@ -226,8 +277,57 @@ def run_preflight(
                 ("teacher-path prompt", head_tokens(student, as_teacher[0])),
             )
         )
-    report.checks.append(("self-score", f"student as its own teacher: max |A_t| = {gap:.2e}"))
+    return f"student as its own teacher: max |A_t| = {gap:.2e}"
+
+
+def preflight_report(
+    config: RunConfig, domain: Any, student: Engine, teacher: Engine, run: RunDir | None = None
+) -> PreflightReport | None:
+    """The pre-training checks of a run's method (None: nothing to check). `run` keeps the report,
+    passed or failed, as `preflight.json` (diagnose's `preflight_failed` reads it)."""
+    view = teacher_view(config, domain)
+    if not config.preflight or view is None:
+        return None
+    prompt_for, same_template = view
+    items = domain.train_items()[:2]
+    # Cross-family OPD renders the teacher's own template by design (methods/cross_family.py).
+    cross = config.method.name == "opd" and crosses(config, student, teacher)
+    try:
+        report = run_preflight(config, student, teacher, items, prompt_for, same_template and not cross)
+        if cross:
+            report.run("aligned groups", lambda: aligned_groups(student, teacher, items[0]))
+    except PreflightError as exc:
+        if run is not None and exc.report is not None:
+            run.write_preflight(exc.report.to_json())
+        raise
+    if run is not None:
+        run.write_preflight(report.to_json())
     return report
+
+
+def crosses(config: RunConfig, student: Engine, teacher: Engine) -> bool:
+    """Whether OPD takes the cross-family path for this pair (opd.train decides the same way)."""
+    from distill.tokenizer_bridge.bridge import same_tokenizer
+
+    method: Any = config.method
+    return method.cross_family == "always" or not same_tokenizer(student.tokenizer, teacher.tokenizer)
+
+
+def aligned_groups(student: Engine, teacher: Engine, item: Item, max_new_tokens: int = 24) -> str:
+    """One real greedy sample of the student, cut into byte groups against the teacher's tokens,
+    side by side (`*`: a group of more than one token on a side, where the signal is per group)."""
+    from distill.tokenizer_bridge.align import aligned_share
+    from distill.tokenizer_bridge.bridge import TokenizerBridge
+    from distill.tokenizer_bridge.granularity import align_sample, group_table
+
+    prompt = trainer_prompt_ids(student, item.prompt)
+    ids = student.generate([prompt], max_new_tokens, temperature=0.0)[0].ids
+    sample = align_sample(TokenizerBridge(student.tokenizer, teacher.tokenizer), ids)
+    if not sample.ok:  # masked out in training, not fatal: bridge/seam_failure_rate counts them
+        return f"the student's first sample is a seam failure ({sample.failure}); it is masked out"
+    share = aligned_share(sample.groups)
+    table = group_table(student.tokenizer, ids, teacher.tokenizer, sample.teacher_ids, sample.groups)
+    return f"{len(sample.groups)} groups, {share:.0%} of student tokens in groups of <= 2 a side\n{table}"
 
 
 def cfg_names(config: RunConfig) -> str:

@@ -71,15 +71,17 @@ def check_budget(ctx: RunContext, rows: list[dict[str, Any]], kept: list[dict[st
     budget = teacher_budget(
         [r["tokens"] for r in rows], [r["truncated"] for r in rows], cfg.rollout.max_new_tokens
     )
-    ctx.log.write(
-        0,
-        {
-            **budget,
-            "teacher/verified_rate": sum(r["correct"] for r in rows) / len(rows),
-            "teacher/kept_trajectories": float(len(kept)),
-        },
-    )
-    ctx.log.samples(0, rows[: cfg.tracking.sample_rows])
+    # A resumed run kept these step-0 figures in metrics.jsonl (and MLflow): each point once.
+    if not any(row["step"] == 0 and "teacher/verified_rate" in row for row in ctx.run.metric_rows()):
+        ctx.log.write(
+            0,
+            {
+                **budget,
+                "teacher/verified_rate": sum(r["correct"] for r in rows) / len(rows),
+                "teacher/kept_trajectories": float(len(kept)),
+            },
+        )
+        ctx.log.samples(0, rows[: cfg.tracking.sample_rows])
     if not kept:
         truncated = sum(r["truncated"] for r in rows)
         cause = (

@@ -31,6 +31,9 @@ _ROLES = ("eos_token", "pad_token", "bos_token")
 class Piece:
     text: str
     special: bool  # a special token's content, not text
+    # A special token the far side has no counterpart for: kept in the near side's pieces so the
+    # loss shows (and is named) wherever pieces are compared, never sent across.
+    dropped: bool = False
 
 
 def special_tokens(tokenizer: PreTrainedTokenizerBase) -> dict[int, str]:
@@ -80,8 +83,29 @@ def flat(parts: Sequence[Piece]) -> str:
 
 
 def readable(parts: Sequence[Piece]) -> str:
-    """Pieces as a human reads them: specials written as their content."""
-    return "".join(p.text for p in parts)
+    """Pieces as a human reads them: specials written as their content, dropped ones left out
+    (the text that crossed)."""
+    return "".join(p.text for p in parts if not p.dropped)
+
+
+def shown(text: str) -> str:
+    """Flat text (raw, or as `repr` wrote it into a seam report) for a person: specials as
+    `⟨content⟩`, and the characters a terminal draws invisibly or like another one (combining
+    marks, zero-width and format characters, unusual spaces, controls) as `\\uXXXX` escapes, so a
+    dropped special, an NFC/NFD or a whitespace difference shows where expected and got differ."""
+    import unicodedata
+
+    for delimiter, mark in ((_OPEN, "⟨"), (_CLOSE, "⟩")):
+        text = text.replace(delimiter, mark).replace(f"\\u{ord(delimiter):04x}", mark)
+    out = []
+    for ch in text:
+        if ch in "\n\t\r":
+            out.append(repr(ch)[1:-1])
+        elif unicodedata.category(ch)[0] in "MCZ" and ch != " ":
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def encode_plain(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
@@ -181,6 +205,7 @@ class TokenizerBridge:
             if piece.special:
                 if piece.text not in mapping:
                     dropped.append(piece.text)
+                    renamed.append(Piece(piece.text, True, dropped=True))
                     continue
                 name, token_id = mapping[piece.text]
                 out.append(token_id)

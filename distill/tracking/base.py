@@ -21,6 +21,10 @@ class Tracker(Protocol):
 
     def flush(self) -> None: ...
 
+    def sync(self, timeout_s: float) -> bool:
+        """Send what is queued within `timeout_s` if the store answers; True when level."""
+        ...
+
     def finish(self, status: str = "FINISHED", error: str | None = None) -> None: ...
 
 
@@ -43,6 +47,9 @@ class NullTracker:
 
     def flush(self) -> None:
         pass
+
+    def sync(self, timeout_s: float) -> bool:
+        return True
 
     def finish(self, status: str = "FINISHED", error: str | None = None) -> None:
         pass

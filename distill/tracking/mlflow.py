@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,14 @@ MAX_PARAM_CHARS = 6000
 MAX_ERROR_CHARS = 5000
 STATUSES = ("FINISHED", "FAILED", "KILLED")
 SQLITE_PREFIX = "sqlite:///"
+# Tags a resumed run's fresh MLflow run does not take over from the run it replaces: how that
+# attempt ended is not how this one will.
+NOT_INHERITED = ("distill.error", "distill.status", "mlflow.runName")
+
+
+def is_server(uri: str) -> bool:
+    """A tracking server (http/https), as opposed to a store this process opens itself."""
+    return uri.split(":", 1)[0].lower() in ("http", "https")
 
 
 def _chunks(items: list[Any], size: int) -> list[list[Any]]:
@@ -53,13 +62,19 @@ def _sqlite_path(uri: str) -> Path | None:
     return Path(rest)
 
 
-def _get_or_create_experiment(client: MlflowClient, name: str, artifact_root: Path | None) -> str:
+def _get_or_create_experiment(
+    client: MlflowClient, name: str, artifact_root: Path | None, server: bool = False
+) -> str:
     from mlflow.exceptions import MlflowException
 
     found = client.get_experiment_by_name(name)
     if found is not None:
         return str(found.experiment_id)
-    location = (artifact_root / name).resolve().as_uri() if artifact_root is not None else None
+    # A server's experiments use the server's artifact store (proxied by `mlflow server
+    # --serve-artifacts`): a file:// location of this machine would keep artifacts off the server.
+    location = None
+    if artifact_root is not None and not server:
+        location = (artifact_root / name).resolve().as_uri()
     try:
         # The experiment kind makes the MLflow UI open it as model training, not as a GenAI app.
         return str(
@@ -83,7 +98,7 @@ def _connect(uri: str, experiment: str, artifact_root: Path | None) -> tuple[Mlf
     db_path = _sqlite_path(uri)
     if db_path is None:
         client = MlflowClient(tracking_uri=uri)
-        return client, _get_or_create_experiment(client, experiment, artifact_root)
+        return client, _get_or_create_experiment(client, experiment, artifact_root, is_server(uri))
 
     import logging
 
@@ -135,9 +150,13 @@ class MlflowTracker:
         resume_run_id: str | None = None,
         parent_run_id: str | None = None,
         tags: dict[str, str] | None = None,
+        inherit_tags_from: str | None = None,
     ) -> MlflowTracker:
+        """A new run (or `resume_run_id` re-opened). `inherit_tags_from`: a run this one replaces,
+        whose tags (its parent run's included) the new run starts with."""
         client, experiment_id = _connect(uri, experiment, artifact_root)
-        all_tags = dict(tags or {})
+        all_tags = _inherited_tags(client, inherit_tags_from) if inherit_tags_from else {}
+        all_tags.update(tags or {})
         if parent_run_id is not None:
             all_tags["mlflow.parentRunId"] = parent_run_id
         if resume_run_id is not None:
@@ -195,9 +214,45 @@ class MlflowTracker:
         else:
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 
+    @classmethod
+    def attach(cls, uri: str, run_id: str) -> MlflowTracker:
+        """A tracker on an existing run, its status left as it is (`distill runs --repair`)."""
+        client = client_for(uri)
+        client.get_run(run_id)  # fail early on an unknown id
+        return cls(client, run_id, uri)
+
+    def log_points(self, points: list[tuple[str, float, int]]) -> int:
+        """Write (key, value, step) points now, on this thread, in `log_batch` chunks (a resumed
+        run's replay of metrics.jsonl); raises if the store refuses them."""
+        from mlflow.entities import Metric
+
+        timestamp = int(time.time() * 1000)
+        metrics = [Metric(mlflow_metric_name(k), float(v), timestamp, int(s)) for k, v, s in points]
+        for chunk in _chunks(metrics, METRIC_CHUNK):
+            self.client.log_batch(self.run_id, metrics=chunk)
+        return len(metrics)
+
+    def logged_points(self) -> Counter[tuple[str, int]]:
+        """(MLflow key, step) of every metric point the run holds, with how often it holds it."""
+        keys = self.client.get_run(self.run_id).data.metrics
+        return Counter((k, m.step) for k in keys for m in self.client.get_metric_history(self.run_id, k))
+
     def flush(self) -> None:
         """Write every queued point now, on this thread; raises if the store refuses them."""
         self._write_pending()
+
+    def sync(self, timeout_s: float) -> bool:
+        """Have the writer thread send everything queued and wait up to `timeout_s` for it; False
+        at once while the store is unreachable (the writer keeps the points and retries)."""
+        deadline = time.monotonic() + timeout_s
+        self._wake.set()
+        while self._failing is None and time.monotonic() < deadline and self._writer.is_alive():
+            with self._lock:
+                if not self._buffer and not self._tags:
+                    return True
+            time.sleep(0.02)
+        with self._lock:
+            return not self._buffer and not self._tags
 
     def finish(self, status: str = "FINISHED", error: str | None = None) -> None:
         if status not in STATUSES:
@@ -259,6 +314,40 @@ class MlflowTracker:
 
 
 open_tracker = MlflowTracker.open_tracker
+
+
+def _inherited_tags(client: MlflowClient, run_id: str) -> dict[str, str]:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        tags = client.get_run(run_id).data.tags
+    except MlflowException:  # deleted, or never reached this store: nothing to carry over
+        return {}
+    return {k: v for k, v in tags.items() if k not in NOT_INHERITED}
+
+
+def retire_runs(uri: str, run_ids: list[str], successor: str) -> list[str]:
+    """Delete the runs a resumed run replaced (MLflow cannot delete metric points, so a resume
+    starts a fresh run); their nested runs (e.g. `distill eval` of a checkpoint) move under
+    `successor`. Returns the ids that could not be deleted."""
+    from mlflow.entities import ViewType
+    from mlflow.exceptions import MlflowException
+
+    client = client_for(uri)
+    left = []
+    for run_id in run_ids:
+        try:
+            experiment_id = client.get_run(run_id).info.experiment_id
+            # Run ids are MLflow's own hex ids: safe inside a filter string.
+            for child in client.search_runs(
+                [experiment_id], f"tags.mlflow.parentRunId = '{run_id}'", ViewType.ACTIVE_ONLY
+            ):
+                client.set_tag(child.info.run_id, "mlflow.parentRunId", successor)
+            client.delete_run(run_id)
+        except MlflowException as exc:
+            if "RESOURCE_DOES_NOT_EXIST" not in str(getattr(exc, "error_code", "")):
+                left.append(run_id)
+    return left
 
 
 def git_tags(cwd: Path | None = None) -> dict[str, str]:
@@ -326,7 +415,9 @@ def find_runs(uri: str, experiment: str | None = None, filter_string: str = "") 
 
 
 def mlflow_ui_command(uri: str, artifact_root: Path | None) -> str:
-    """The command that opens the MLflow UI on this store."""
+    """How to open the MLflow UI on this store: a server's own URL, else the `mlflow ui` command."""
+    if is_server(uri):
+        return uri
     parts = ["mlflow", "ui", "--backend-store-uri", uri]
     if artifact_root is not None:
         parts += ["--default-artifact-root", artifact_root.resolve().as_uri()]

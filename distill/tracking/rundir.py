@@ -2,13 +2,15 @@
 
 `<workspace>/runs/<run_id>/` holds `config.yaml` (resolved), `summary.json` (status, scores, the
 MLflow run id and the tracking URI it was logged to), `metrics.jsonl`, `manifest.json`,
-`checkpoints/step-N/`, `samples/`, `eval/`, `data/`, `diagnose/`, `preflight.json` and, after a
-failure, `error.log`. Everything that reads or writes a run folder goes through `RunDir`; the
-tracking URI is resolved once, when the run is created, and read back from the summary after.
+`checkpoints/step-N/`, `samples/`, `eval/`, `data/`, `diagnose/`, `preflight.json`, `run.lock` while
+a process writes it (`tracking.lock`) and, after a failure, `error.log`. Everything that reads or
+writes a run folder goes through `RunDir`; the tracking URI is resolved once, when the run is
+created, and read back from the summary after.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import secrets
@@ -32,11 +34,37 @@ def resolve_tracking_uri(config: RunConfig, settings: Settings) -> str:
     return config.tracking.uri or settings.resolved_tracking_uri
 
 
+class RunRefused(ValueError):
+    """A run that cannot be created, found or written as asked: one line for the user (CLI exit 2),
+    raised before anything is written."""
+
+
+def check_run_id(name: str, field: str = "run id") -> str:
+    """`name` if it can be a run folder under `<workspace>/runs/`, else RunRefused naming `field`."""
+    from distill.config.models import run_name_problem
+
+    problem = run_name_problem(name)
+    if problem:
+        raise RunRefused(f"{field}: {problem}")
+    return name
+
+
 def live_status(summary: dict[str, Any]) -> str:
-    """The recorded status, except RUNNING by a process that no longer exists reads DIED."""
+    """The recorded status, except RUNNING by a process that no longer exists reads DIED.
+
+    The run lock says it when the run has one (a pid can be reused by an unrelated process);
+    runs without a lock file fall back on the recorded pid."""
     status = str(summary.get("status", "?"))
+    if status != "RUNNING":
+        return status
+    if summary.get("run_dir"):
+        from distill.tracking.lock import lock_held
+
+        held = lock_held(RunDir(Path(str(summary["run_dir"]))))
+        if held is not None:
+            return "RUNNING" if held else "DIED"
     pid = summary.get("pid")
-    if status == "RUNNING" and isinstance(pid, int):
+    if isinstance(pid, int):
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
@@ -55,6 +83,7 @@ class RunDir:
     MANIFEST = "manifest.json"
     PREFLIGHT = "preflight.json"
     ERROR_LOG = "error.log"
+    LOCK = "run.lock"
     CHECKPOINTS = "checkpoints"
     SAMPLES = "samples"
     EVAL = "eval"
@@ -97,6 +126,10 @@ class RunDir:
         return self.path / self.ERROR_LOG
 
     @property
+    def lock(self) -> Path:
+        return self.path / self.LOCK
+
+    @property
     def checkpoints(self) -> Path:
         return self.path / self.CHECKPOINTS
 
@@ -125,26 +158,32 @@ class RunDir:
     # -- finding and creating ---------------------------------------------------------------
     @classmethod
     def create(cls, runs_dir: Path, run_id: str) -> RunDir:
-        run = cls(runs_dir / run_id)
+        run = cls(runs_dir / check_run_id(run_id, "tracking.run_name"))
         if run.path.exists():
-            raise ValueError(f"run directory {run.path} already exists; pick another tracking.run_name")
+            raise RunRefused(f"run directory {run.path} already exists; pick another tracking.run_name")
         run.path.mkdir(parents=True)
         return run
 
     @classmethod
     def find(cls, settings: Settings, ref: str) -> RunDir:
-        """A run by id, by unique id prefix, or by path."""
+        """A run by path, by id, or by unique id prefix; RunRefused (one line) when there is none."""
         runs_dir = settings.runs_dir
-        for candidate in (Path(ref), runs_dir / ref):
-            if (candidate / cls.CONFIG).exists():
-                return cls(candidate)
-        matches = sorted(runs_dir.glob(f"{ref}*")) if runs_dir.exists() else []
+        if (Path(ref) / cls.CONFIG).exists():
+            return cls(Path(ref))
+        try:
+            # Anything else is an id under runs/: never a path out of it, nor a glob pattern.
+            check_run_id(ref)
+        except RunRefused:
+            raise RunRefused(f"no run {ref!r}: not a run directory, nor a run id under {runs_dir}") from None
+        if (runs_dir / ref / cls.CONFIG).exists():
+            return cls(runs_dir / ref)
+        matches = sorted(runs_dir.glob(f"{glob.escape(ref)}*")) if runs_dir.exists() else []
         matches = [m for m in matches if (m / cls.CONFIG).exists()]
         if len(matches) == 1:
             return cls(matches[0])
         if len(matches) > 1:
-            raise ValueError(f"run {ref!r} is ambiguous: {', '.join(m.name for m in matches[:5])}")
-        raise ValueError(f"no run {ref!r} under {runs_dir}")
+            raise RunRefused(f"run {ref!r} is ambiguous: {', '.join(m.name for m in matches[:5])}")
+        raise RunRefused(f"no run {ref!r} under {runs_dir}")
 
     @classmethod
     def all(cls, settings: Settings) -> list[RunDir]:
@@ -192,6 +231,16 @@ class RunDir:
         # Replaced, never written into: an archived manifest may be a hardlink into the DVC cache.
         self._replace(self.manifest, json.dumps(manifest, indent=2))
 
+    def read_preflight(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.preflight.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def write_preflight(self, report: dict[str, Any]) -> None:
+        self._replace(self.preflight, json.dumps(report, indent=2))
+
     def last_checkpoint(self) -> Path | None:
         """The newest complete `checkpoints/step-N` (renamed into place only once fully written)."""
         if not self.checkpoints.exists():
@@ -202,15 +251,38 @@ class RunDir:
                 steps.append((int(child.name[5:]), child))
         return max(steps)[1] if steps else None
 
+    def metric_rows(self) -> list[dict[str, Any]]:
+        """The lines of `metrics.jsonl`; a line cut short by a kill mid-write is left out."""
+        if not self.metrics.exists():
+            return []
+        rows = []
+        for line in self.metrics.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                rows.append(row)
+        return rows
+
+    def metric_points(self) -> list[tuple[str, float, int]]:
+        """(key, value, step) of every figure in `metrics.jsonl`, non-finite ones as floats again."""
+        points = []
+        for row in self.metric_rows():
+            for key, value in row.items():
+                if key == "step" or isinstance(value, bool):
+                    continue
+                if isinstance(value, int | float):
+                    points.append((key, float(value), row["step"]))
+                elif value in ("nan", "inf", "-inf"):  # StepLog writes non-finite figures as text
+                    points.append((key, float(value), row["step"]))
+        return points
+
     def trim_metrics(self, last_step: int) -> None:
         """On resume, drop metric lines past the checkpoint: those steps are trained again."""
         if not self.metrics.exists():
             return
-        kept = [
-            line
-            for line in self.metrics.read_text().splitlines()
-            if line and json.loads(line)["step"] <= last_step
-        ]
+        kept = [json.dumps(row) for row in self.metric_rows() if row["step"] <= last_step]
         self._replace(self.metrics, "".join(line + "\n" for line in kept))
 
     def _replace(self, path: Path, text: str) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from distill.zoo.notices import build_notice, built_notice, remove_stale_builds
 from distill.zoo.recipes import (
     BUILD_VERSION,
     ModelRecipe,
@@ -106,53 +107,64 @@ def ensure_built(
     if recipes is None:
         recipes = recipes_for(domain_config.name)
     target = entry_dir(root, name, domain_config, recipes)
+    lock = Path(str(target) + ".lock")
     if (target / "zoo.json").exists():
+        # Once the entry exists nobody needs its lock: whoever still waits on it finds zoo.json.
+        lock.unlink(missing_ok=True)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
+    with FileLock(str(lock)):
         if (target / "zoo.json").exists():
             return target
-        from distill.domains import build_domain
-
-        domain = build_domain(domain_config)
+        remove_stale_builds(target)
         recipe = _lookup(name, recipes)
         tmp = target.with_name(target.name + f".tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        start = time.time()
         if show_progress:
-            print(
-                f"zoo: building {name} for {domain_config.name} (first use; cached in {target.parent})",
-                file=sys.stderr,
-                flush=True,
-            )
-        if isinstance(recipe, TokenizerRecipe):
-            extra = _build_tokenizer(recipe, domain, tmp)
-        else:
-            tok_dir = ensure_built(root, recipe.tokenizer, domain_config, show_progress, recipes)
-            extra = _build_model(name, recipe, domain, tok_dir, tmp, show_progress)
-        entry = ZooEntry(
-            name=name,
-            domain=domain_config.name,
-            key=recipe_key(name, domain_config, recipes),
-            recipe=recipe.model_dump(),
-            seconds=round(time.time() - start, 2),
-            **extra,
-        )
-        (tmp / "zoo.json").write_text(entry.model_dump_json(indent=2))
+            notice = build_notice(root, name, domain_config, target, _DATA_FIELDS)
+            print(notice, file=sys.stderr, flush=True)
+        try:
+            entry = _build_into(tmp, root, name, recipe, domain_config, recipes, show_progress)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # a SIGKILL cannot get here: remove_stale_builds
+            raise
         # The rename is the commit point: a killed build leaves only a tmp folder behind.
         os.replace(tmp, target)
-        if show_progress:
-            score = f", eval accuracy {entry.eval['accuracy']:.1%}" if "accuracy" in entry.eval else ""
-            if "success" in entry.eval:  # a multi-turn agent (sciworld)
-                tasks = [
-                    k.split("/")[1] for k in entry.eval if k.startswith("task/") and k.endswith("/success")
-                ]
-                per_task = ", ".join(f"{t} {entry.eval[f'task/{t}/success']:.0%}" for t in tasks)
-                score = f", eval Score {entry.eval['score']:.3f} Success {entry.eval['success']:.1%}"
-                score += f" ({per_task})" if per_task else ""
-            print(f"zoo: built {name} in {entry.seconds:.0f} s{score}", file=sys.stderr, flush=True)
+    lock.unlink(missing_ok=True)
+    if show_progress:
+        print(built_notice(entry), file=sys.stderr, flush=True)
     return target
+
+
+def _build_into(
+    tmp: Path,
+    root: Path,
+    name: str,
+    recipe: Recipe,
+    domain_config: DomainBase,
+    recipes: Mapping[str, Recipe],
+    show_progress: bool,
+) -> ZooEntry:
+    """Build one entry into `tmp` (its tokenizer first, for a model) and write its zoo.json."""
+    from distill.domains import build_domain
+
+    start = time.time()
+    domain = build_domain(domain_config)
+    if isinstance(recipe, TokenizerRecipe):
+        extra = _build_tokenizer(recipe, domain, tmp)
+    else:
+        tok_dir = ensure_built(root, recipe.tokenizer, domain_config, show_progress, recipes)
+        extra = _build_model(name, recipe, domain, tok_dir, tmp, show_progress)
+    entry = ZooEntry(
+        name=name,
+        domain=domain_config.name,
+        key=recipe_key(name, domain_config, recipes),
+        recipe=recipe.model_dump(),
+        seconds=round(time.time() - start, 2),
+        **extra,
+    )
+    (tmp / "zoo.json").write_text(entry.model_dump_json(indent=2))
+    return entry
 
 
 def _build_tokenizer(recipe: TokenizerRecipe, domain: Domain, out: Path) -> dict[str, Any]:

@@ -50,3 +50,43 @@ def test_reproduce_eval_only_and_mismatch(workspace: Path, tiny_run: Path) -> No
 
     missing = CliRunner().invoke(app, ["reproduce", "no-such-run"])
     assert missing.exit_code == 2 and "no run 'no-such-run'" in missing.output
+
+
+def test_reproduce_eval_only_on_a_multi_turn_domain(
+    workspace: Path, tiny_zoo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--eval-only` on an episodic domain plays the eval episodes again (the agent evaluator, as
+    the run did), here on the registered text game, and matches the recorded Score exactly."""
+    from episodes.textgame import ENTRY, NAME  # tests/ is on sys.path (rootdir conftest)
+
+    from distill import registry
+    from distill.config import resolve_config
+    from distill.runner import execute
+    from distill.settings import get_settings
+
+    monkeypatch.setitem(registry.DOMAINS, NAME, ENTRY)
+    overrides = [
+        f"student.name={tiny_zoo.student}",
+        f"teacher.name={tiny_zoo.teacher}",
+        "domain.max_turns=3",
+        "domain.eval_size=2",
+        "optim.max_steps=1",
+        "optim.batch_size=2",
+        "method.keep_verified_only=false",
+        "rollout.max_new_tokens=8",
+        "eval.max_new_tokens=8",
+        "eval.items=2",
+        "eval.eval_teacher=false",
+        "checkpoint.every_steps=1",
+        "threads=1",
+        "tracking.run_name=tg-repro",
+    ]
+    config = resolve_config(NAME, "sft", None, overrides)
+    summary = execute(config, get_settings(), argv=["distill", "run", "(test)"], say=lambda _: None)
+    assert summary["status"] == "FINISHED" and "score" in summary["student_after"]
+    result = CliRunner().invoke(app, ["reproduce", "tg-repro", "--eval-only"])
+    assert result.exit_code == 0, result.output
+    assert "reproduced exactly" in result.output
+    assert [line for line in result.output.splitlines() if "student_after" in line and "score" in line]
+    # The eval's wall-clock figures are recorded but not compared: they measure the machine.
+    assert "episodes_per_min" in summary["student_after"] and "episodes_per_min" not in result.output

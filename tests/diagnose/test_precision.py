@@ -113,3 +113,54 @@ def test_checkpoints_that_moved_are_fine_and_earliest_vs_latest(make_run: MakeRu
     )
     assert move.changed_fraction > 0.99
     assert precision(load_run("moved")) == []
+
+
+def _lora_checkpoints(run: Path, lr: float, steps: int = 2) -> None:
+    """A bf16 student trained through peft LoRA with Adam, saved as a real run saves it: each
+    checkpoint folder holds peft's adapter_model.safetensors (fp32 adapters), no model weights."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    )
+    base = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    for step in range(1, steps + 1):
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        model.save_pretrained(run / "checkpoints" / f"step-{step}")
+
+
+def test_lora_adapters_are_judged_in_their_own_dtype(make_run: MakeRun) -> None:
+    """A bf16 LoRA run trains fp32 adapters: lr 1e-5 moves them (no finding), where the same lr on
+    bf16 weights would round away (the estimate the rule used to fall back on)."""
+    run = make_run(
+        "lora",
+        config={"student.precision": "bf16", "optim.lr": 1e-5, "lora.enabled": True},
+        metrics=series_rows(2, train__loss=lambda s: 1.0, train__grad_norm=lambda s: 1.0),
+    )
+    _lora_checkpoints(run, lr=1e-5)
+    ckpt = run / "checkpoints" / "step-2"
+    assert (ckpt / "adapter_model.safetensors").is_file() and not (ckpt / "model.safetensors").exists()
+    move = measure_update(load_run("lora"))
+    assert move is not None and move.dtype == "fp32" and move.start == "checkpoints/step-1"
+    assert move.changed_fraction > 0.9
+    assert precision(load_run("lora")) == []
+    # Without a checkpoint to read, LoRA still means fp32 adapters: no bf16 estimate fires.
+    make_run(
+        "lora-early",
+        config={"student.precision": "bf16", "optim.lr": 1e-6, "lora.enabled": True},
+        metrics=series_rows(5, train__loss=lambda s: 0.1, kl__advantage_mean=lambda s: 1e-2),
+    )
+    assert precision(load_run("lora-early")) == []

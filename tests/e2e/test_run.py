@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from .mlflow_level import assert_level, assert_level_to
 
 pytestmark = pytest.mark.integration
 
@@ -131,12 +135,16 @@ def test_opd_run_writes_run_dir_and_mlflow(tmp_path: Path, tiny_zoo) -> None:
     assert {
         "config.yaml",
         "manifest.json",
+        "preflight.json",
         "summary.json",
         "metrics.jsonl",
         "samples",
         "eval",
         "diagnose",
     } <= artifacts
+    assert_level(client, run_dir)
+    preflight = json.loads((run_dir / "preflight.json").read_text())
+    assert {c["ok"] for c in preflight["checks"].values()} == {True} and "self_score" in preflight["checks"]
     # The run ends with its own diagnosis: report and plots in the run dir, counts in summary.json.
     report = json.loads((run_dir / "diagnose" / "report.json").read_text())
     assert report["run_id"] == run_dir.name and report["status"] == "FINISHED"
@@ -177,56 +185,147 @@ def test_opd_run_writes_run_dir_and_mlflow(tmp_path: Path, tiny_zoo) -> None:
     assert 0.0 <= child.metrics["eval/rlve/pass_at_2"] <= 1.0 and child.params["k"] == "2"
 
 
-def test_killed_run_resumes_from_last_checkpoint(tmp_path: Path, tiny_zoo) -> None:
-    ws = tmp_path / "ws"
+def _start(
+    tiny_zoo: Any, ws: Path, name: str, steps: int, extra: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
     args = [
-        sys.executable,
-        "-m",
-        "distill",
         "run",
         "--domain",
         "rlve",
         "--method",
         "opd",
-        *_overrides(tiny_zoo, 12, 2),
+        *_overrides(tiny_zoo, steps, 2),
+        f"tracking.run_name={name}",
     ]
-    proc = subprocess.Popen(args, env=_env(ws), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 240
-    ckpt_dir = None
-    while time.time() < deadline:
-        runs = list((ws / "runs").glob("*")) if (ws / "runs").exists() else []
-        if runs and (runs[0] / "checkpoints" / "step-4").exists():
-            ckpt_dir = runs[0]
-            break
+    return subprocess.Popen(
+        [sys.executable, "-m", "distill", *args, *extra],
+        env=_env(ws),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        # A test run from a background job inherits SIGINT ignored; the Ctrl-C test needs it live.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def _train_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line)["step"] for line in lines if "train/loss" in line and line.endswith("}")]
+
+
+def _wait_until(proc: subprocess.Popen[bytes], ready: Any, what: str) -> None:
+    deadline = time.time() + 300
+    while not ready():
         assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
-        time.sleep(0.2)
-    assert ckpt_dir is not None, "no checkpoint appeared"
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_killed_run_resumes_from_last_checkpoint(tmp_path: Path, tiny_zoo) -> None:
+    """SIGKILL at a random step after the first checkpoint; a second writer is refused while it
+    lives; `runs --repair` brings MLflow level; `--resume` ends with MLflow == metrics.jsonl."""
+    ws, run_dir = tmp_path / "ws", tmp_path / "ws" / "runs" / "killed"
+    kill_after = random.randint(2, 9)
+    print(f"killing after step {kill_after}")  # shown with a failure, to re-run the same case
+    proc = _start(tiny_zoo, ws, "killed", 12, ("eval.every_steps=4",))
+    _wait_until(proc, lambda: (run_dir / "checkpoints" / "step-2").exists(), "the first checkpoint")
+    refused = _distill(["run", "--resume", "killed"], ws)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert refused.stderr.strip().splitlines() == [refused.stderr.strip()]
+    assert f"is being written by pid {proc.pid}" in refused.stderr
+    _wait_until(proc, lambda: max(_train_steps(run_dir), default=0) >= kill_after, f"step {kill_after}")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    run_dir = _only_run(ws)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "RUNNING"  # SIGKILL leaves no chance to write anything
-    listed = json.loads(_distill(["runs", "--json"], ws).stdout)
-    assert listed[0]["status"] == "DIED"
-
-    resumed = _distill(["run", "--resume", run_dir.name], ws)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(_distill(["runs", "--json"], ws).stdout)[0]["status"] == "DIED"
+    old_id = summary["mlflow_run_id"]
+    # Before any repair: the last checkpoint brought MLflow level with metrics.jsonl up to it.
     last = max(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step-*"))
-    assert last == 12
-    assert "resuming" in resumed.stdout and "from step-" in resumed.stdout
+    assert_level_to(_client(ws), run_dir, last)
+
+    repaired = _distill(["runs", "--repair"], ws)
+    assert repaired.returncode == 0 and "killed: DIED" in repaired.stdout, repaired.stdout + repaired.stderr
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "DIED"
+    client = _client(ws)
+    old = client.get_run(old_id)
+    assert old.info.status == "KILLED" and old.data.tags["distill.status"] == "DIED"
+    assert_level(client, run_dir)  # what the tracker still held at SIGKILL was sent
+    artifacts = {a.path for a in client.list_artifacts(old_id)}
+    assert {
+        "config.yaml",
+        "manifest.json",
+        "preflight.json",
+        "metrics.jsonl",
+        "samples",
+        "summary.json",
+    } <= artifacts
+
+    resumed = _distill(["run", "--resume", "killed"], ws)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming killed from step-" in resumed.stdout and f"replaces {old_id}" in resumed.stdout
+    assert max(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step-*")) == 12
     state = json.loads((run_dir / "checkpoints" / "step-12" / "trainer_state.json").read_text())
     assert state["global_step"] == 12
-    steps = [
-        json.loads(line)["step"]
-        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-        if "train/loss" in line
-    ]
-    assert steps == list(range(1, 13))  # every step exactly once: re-trained steps replace the lost ones
+    # Every step exactly once, in the file and in MLflow: re-trained steps replace the lost ones.
+    assert _train_steps(run_dir) == list(range(1, 13))
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "FINISHED" and "student_after" in summary
-    run = _client(ws).get_run(summary["mlflow_run_id"])
-    assert run.info.status == "FINISHED"
-    assert len(_client(ws).search_runs([run.info.experiment_id])) == 1
+    assert summary["status"] == "FINISHED" and "student_after" in summary and "error" not in summary
+    assert summary["mlflow_run_id"] != old_id
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED" and run.info.run_name == "killed"
+    stored = assert_level(client, run_dir)
+    assert sorted({s for k, s, _ in stored if k == "eval/rlve/accuracy"}) == [0, 4, 8, 12]
+    assert client.get_run(old_id).info.lifecycle_stage == "deleted"
+    assert [r.info.run_id for r in client.search_runs([run.info.experiment_id])] == [run.info.run_id]
+    # The manifest keeps the command that started the run; the resume is recorded beside it.
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert "tracking.run_name=killed" in manifest["argv"] and "--resume" not in manifest["argv"]
+    assert [r["argv"][-2:] for r in manifest["resumes"]] == [["--resume", "killed"]]
+    assert manifest["mlflow_run_id"] == summary["mlflow_run_id"]
+
+    # Resuming the FINISHED run again is a one-line no-op.
+    before = (run_dir / "metrics.jsonl").read_text(), (run_dir / "summary.json").read_text()
+    again = _distill(["run", "--resume", "killed"], ws)
+    assert again.returncode == 0 and len(again.stdout.strip().splitlines()) == 1
+    assert "FINISHED; nothing to resume" in again.stdout
+    assert ((run_dir / "metrics.jsonl").read_text(), (run_dir / "summary.json").read_text()) == before
+
+
+def test_interrupted_run_is_killed_with_its_record_and_resumes_exactly(tmp_path: Path, tiny_zoo) -> None:
+    """Ctrl-C in the middle of a step: KILLED, every file in MLflow, MLflow == metrics.jsonl; the
+    resumed run shows each step once in both."""
+    ws, run_dir = tmp_path / "ws", tmp_path / "ws" / "runs" / "interrupted"
+    proc = _start(tiny_zoo, ws, "interrupted", 8)
+    _wait_until(proc, lambda: max(_train_steps(run_dir), default=0) >= 3, "step 3")
+    time.sleep(0.2)  # into step 4
+    os.kill(proc.pid, signal.SIGINT)
+    proc.wait(timeout=120)
+    assert proc.returncode == 130
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "KILLED" and "KeyboardInterrupt" in summary["error"]
+    client = _client(ws)
+    killed = client.get_run(summary["mlflow_run_id"])
+    assert killed.info.status == "KILLED"
+    artifacts = {a.path for a in client.list_artifacts(killed.info.run_id)}
+    assert {
+        "config.yaml",
+        "manifest.json",
+        "preflight.json",
+        "metrics.jsonl",
+        "summary.json",
+        "error.log",
+        "samples",
+        "eval",
+        "diagnose",
+    } <= artifacts
+    assert_level(client, run_dir)
+
+    resumed = _distill(["run", "--resume", "interrupted"], ws)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _train_steps(run_dir) == list(range(1, 9))
+    assert_level(client, run_dir)
+    assert client.get_run(killed.info.run_id).info.lifecycle_stage == "deleted"
 
 
 def test_sft_run_trains_on_teacher_trajectories(tmp_path: Path, tiny_zoo) -> None:
@@ -259,14 +358,58 @@ def test_sft_run_trains_on_teacher_trajectories(tmp_path: Path, tiny_zoo) -> Non
 
 
 def test_failing_run_is_marked_failed(tmp_path: Path, tiny_zoo) -> None:
+    """A run whose preflight refuses to start: FAILED in both places, its files in MLflow, and
+    `distill diagnose` finds the failed check in the real preflight.json."""
     ws = tmp_path / "ws"
-    overrides = [o for o in _overrides(tiny_zoo, 2, 0) if not o.startswith("student.name")]
-    proc = _distill(["run", *overrides, f"student.name={tmp_path / 'no-such-model'}"], ws)
+    overrides = [*_overrides(tiny_zoo, 2, 0), "student.enable_thinking=true", "teacher.enable_thinking=false"]
+    proc = _distill(["run", "--domain", "rlve", "--method", "opd", *overrides], ws)
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: run failed")
+    assert "error: run failed: PreflightError: thinking mode differs" in proc.stderr
     run_dir = _only_run(ws)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "FAILED" and "no-such-model" in summary["error"]
+    assert summary["status"] == "FAILED" and "thinking mode differs" in summary["error"]
     assert "Traceback" in (run_dir / "error.log").read_text()
-    run = _client(ws).get_run(summary["mlflow_run_id"])
-    assert run.info.status == "FAILED" and "no-such-model" in run.data.tags["distill.error"]
+    preflight = json.loads((run_dir / "preflight.json").read_text())
+    assert preflight["checks"]["thinking_mode"]["ok"] is False
+    assert "enable_thinking" in preflight["checks"]["thinking_mode"]["detail"]
+    client = _client(ws)
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FAILED" and "thinking mode differs" in run.data.tags["distill.error"]
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "preflight.json", "summary.json", "error.log", "diagnose"} <= artifacts
+
+    diagnosed = _distill(["diagnose", run_dir.name, "--format", "json", "--no-plots", "--no-mlflow"], ws)
+    [report] = json.loads(diagnosed.stdout)["runs"]
+    failed = [f for f in report["findings"] if f["name"] == "preflight_failed"]
+    assert len(failed) == 1 and failed[0]["evidence"][0]["value"] == "checks.thinking_mode"
+
+
+def test_resume_refuses_models_that_changed_since_the_run_started(tmp_path: Path, tiny_zoo) -> None:
+    """The manifest pins the starting weights; a resume against an edited student folder would
+    train the rest of the run from other weights, so it stops and names what differs."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    student = tmp_path / "student"
+    shutil.copytree(tiny_zoo.student, student)
+    ws = tmp_path / "ws"
+    args = ["run", "--domain", "rlve", "--method", "opd", *_overrides(tiny_zoo, 2, 1)]
+    args = [a if not a.startswith("student.name=") else f"student.name={student}" for a in args]
+    done = _distill([*args, "tracking.run_name=pinned", "eval.items=2"], ws)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = ws / "runs" / "pinned"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["start"]["student"]["weights"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "status": "FAILED"}))  # resumable again
+
+    weights = load_file(student / "model.safetensors")
+    name = next(iter(weights))
+    weights[name] = weights[name] + 1.0
+    save_file(weights, student / "model.safetensors", metadata={"format": "pt"})
+    refused = _distill(["run", "--resume", "pinned"], ws)
+    assert refused.returncode != 0
+    assert "models changed since it started" in refused.stderr and "student" in refused.stderr, refused.stderr
+    # The record of what the run started from is untouched by the refused attempt.
+    assert json.loads((run_dir / "manifest.json").read_text())["start"] == manifest["start"]

@@ -42,9 +42,36 @@ def test_direct_kl_values_match_naive(kind: str) -> None:
             want = (
                 (log_ps - log_pt) * log_ps
                 if kind == "k1"
-                else math.exp(log_pt - log_ps) - (log_pt - log_ps) - 1
+                else min(math.exp(log_pt - log_ps) - (log_pt - log_ps) - 1, losses.K3_VALUE_CLAMP)
             )
             assert abs(float(got[b, i]) - want) < 1e-6
+
+
+@pytest.mark.parametrize("kind", ["k3", "low_var_kl"])
+def test_k3_clamps_the_value_as_verl_and_its_gradient_is_the_forward_kls(kind: str) -> None:
+    # verl's low_var_kl: kl = clamp(ref - logp, -20, 20); clamp(exp(kl) - kl - 1, -10, 10).
+    logp_T = torch.tensor([0.0, -0.5, -1.0, 0.0], dtype=torch.float64)
+    logp_S = torch.tensor([-5.0, -0.2, -1.0, -30.0], dtype=torch.float64, requires_grad=True)
+    value = losses.direct_kl_per_token(kind, logp_S, logp_T)
+    r = (logp_T - logp_S.detach()).clamp(-20, 20)
+    verl = (r.exp() - r - 1).clamp(-10, 10)
+    assert torch.allclose(value.detach(), verl)
+    assert float(value[0]) == 10.0 and float(value[3]) == 10.0  # e^5 - 6 = 142 and e^20 - 21, both cut
+    value.sum().backward()
+    assert logp_S.grad is not None and float(logp_S.grad[0]) == 0.0 and float(logp_S.grad[3]) == 0.0
+    # Unclamped, the expected gradient under student sampling is grad KL(teacher || student): the
+    # forward KL's, although the value estimates the reverse KL. Exact expectation over a vocabulary.
+    z = torch.tensor([0.3, -0.2, 0.1, 0.0, -0.4], dtype=torch.float64, requires_grad=True)
+    logq_T = torch.log_softmax(torch.tensor([0.1, 0.4, -0.3, 0.2, 0.0], dtype=torch.float64), -1)
+    logp = torch.log_softmax(z, -1)
+    per_token = losses.direct_kl_per_token(kind, logp, logq_T)
+    (expected_grad,) = torch.autograd.grad((logp.exp().detach() * per_token).sum(), z)
+    forward = (logq_T.exp() * (logq_T - torch.log_softmax(z, -1))).sum()
+    reverse = (torch.log_softmax(z, -1).exp() * (torch.log_softmax(z, -1) - logq_T)).sum()
+    (forward_grad,) = torch.autograd.grad(forward, z)
+    (reverse_grad,) = torch.autograd.grad(reverse, z)
+    assert torch.allclose(expected_grad, forward_grad, atol=1e-12)
+    assert not torch.allclose(expected_grad, reverse_grad, atol=1e-3)
 
 
 def test_topk_forward_kl_matches_naive_with_tail() -> None:

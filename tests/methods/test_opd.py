@@ -112,7 +112,9 @@ def test_teacher_preferring_a_token_raises_the_students_logprob_of_it(
     # A bias on the teacher's head: every scoring path reads the head's weight and bias (the
     # chunked head, engines/heads.py), so this is the teacher's distribution wherever it is read.
     bias = torch.zeros(teacher.model.lm_head.out_features)
-    bias[x] = 4.0
+    # k3's value is clamped at 10 as verl's (losses.py): at +4 (ratio e^4, value 49) the clamp
+    # binds where x is sampled and its gradient there is 0; +2 (value 4.4) stays inside it.
+    bias[x] = 2.0 if loss == "k3" else 4.0
     teacher.model.lm_head.bias = torch.nn.Parameter(bias, requires_grad=False)
     # Adam's first step is lr * sign(grad) per weight; a few steps let the forward-KL variant's
     # gradient (spread over the teacher's top-k at every position) show its direction.

@@ -33,7 +33,7 @@ def _context(tmp_path: Path, tiny_zoo, method: dict, **extra: object) -> RunCont
         }
     )
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    run_dir.mkdir(parents=True)
     return RunContext(
         config=config,
         run=RunDir(run_dir),
@@ -86,6 +86,41 @@ def test_ema_teacher_follows_the_student_partially(tmp_path: Path, tiny_zoo) -> 
     assert not torch.equal(teacher, start)
     # Between where it started and where the student went.
     assert (teacher - start).norm() < (student - start).norm()
+
+
+def test_ema_teacher_is_saved_with_each_checkpoint_and_restored_on_resume(tmp_path: Path, tiny_zoo) -> None:
+    """The EMA teacher is state the Trainer does not keep: it goes into every checkpoint, and a run
+    resumed from step 1 continues with that teacher, ending where the uninterrupted run ended."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from distill.methods.opsd import EMA_FILE, train
+
+    method = {"teacher_weights": "ema", "ema_decay": 0.5}
+    full = _context(tmp_path / "full", tiny_zoo, method, checkpoint={"every_steps": 1})
+    train(full)
+    ckpts = full.run.path / "checkpoints"
+    final_teacher = load_file(ckpts / "step-2" / EMA_FILE)
+    live = full.teacher.model.state_dict()
+    assert final_teacher and all(torch.equal(live[k], v) for k, v in final_teacher.items())
+    assert not torch.equal(
+        load_file(ckpts / "step-1" / EMA_FILE)["model.norm.weight"], live["model.norm.weight"]
+    )
+
+    resumed = _context(tmp_path / "resumed", tiny_zoo, method, checkpoint={"every_steps": 1})
+    shutil.copytree(ckpts / "step-1", resumed.run.path / "checkpoints" / "step-1")
+    resumed.resume_from = resumed.run.path / "checkpoints" / "step-1"
+    train(resumed)
+    teacher, student = resumed.teacher.model.state_dict(), resumed.student.model.state_dict()
+    assert all(torch.equal(teacher[k], v) for k, v in final_teacher.items())
+    assert all(torch.equal(student[k], v) for k, v in full.student.model.state_dict().items())
+
+    shutil.rmtree(resumed.run.path / "checkpoints")
+    shutil.copytree(ckpts / "step-1", resumed.run.path / "checkpoints" / "step-1")
+    (resumed.run.path / "checkpoints" / "step-1" / EMA_FILE).unlink()  # a checkpoint from before
+    with pytest.raises(ValueError, match="has no ema_teacher.safetensors"):
+        train(resumed)
 
 
 def test_lora_student_saves_adapters_that_load_merged(tmp_path: Path, tiny_zoo) -> None:

@@ -115,6 +115,41 @@ def test_prefix_length_fixed_range_fraction_and_capped() -> None:
     assert draw_prefix_len(ROSEMethod(prefix_fraction=1.0), 30, rng) == 30
 
 
+def test_draws_are_a_function_of_seed_step_and_micro_batch() -> None:
+    """ROSE keeps no RNG state of its own: a micro-batch's K draws come from (run seed, step,
+    micro-batch index), so each gradient-accumulation micro-batch draws its own and a resumed run
+    (a fresh trainer at the checkpoint's step) draws what the uninterrupted one drew there. Its
+    sampled tokens use torch's stream, which the Trainer's checkpoint restores
+    (tests/e2e/test_kill_resume.py checks the whole resumed run bit for bit)."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerState
+
+    from distill.methods.rose import ROSETrainer
+
+    def trainer(seed: int) -> Any:
+        t = object.__new__(ROSETrainer)  # the draw needs only the run's seed and the trainer state
+        t.distill_ctx = SimpleNamespace(config=SimpleNamespace(seed=seed))
+        t.state = TrainerState()
+        return t
+
+    def step_draws(t: Any, step: int, micro_batches: int = 2) -> list[list[int]]:
+        t.state.global_step = step
+        draws = []
+        for _ in range(micro_batches):
+            t.begin_micro_batch()
+            rng = t.step_rng()
+            draws.append([draw_prefix_len(ROSEMethod(prefix_tokens=64), 60, rng) for _ in range(8)])
+        return draws
+
+    uninterrupted = trainer(5)
+    seen = [step_draws(uninterrupted, step) for step in range(4)]
+    first, second = seen[3]
+    assert first != second  # the micro-batches of one step draw differently
+    assert step_draws(trainer(5), 3) == seen[3]  # resumed at step 3: the same draws
+    assert step_draws(trainer(6), 3) != seen[3] and seen[2] != seen[3]
+
+
 def test_config_rejects_an_inverted_range() -> None:
     from distill.config import ConfigError, resolve_config
 

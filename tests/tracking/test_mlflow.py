@@ -230,3 +230,37 @@ def test_ui_command(tmp_path: Path) -> None:
     assert command.startswith(f"mlflow ui --backend-store-uri {uri} ")
     assert f"--default-artifact-root {(tmp_path / 'mlartifacts').as_uri()}" in command
     assert "--default-artifact-root" not in mlflow_ui_command(uri, None)
+    # A tracking server is opened in a browser: its own URL, never `mlflow ui` on an http URI.
+    for server in ("http://127.0.0.1:5000", "https://mlflow.example.org/"):
+        assert mlflow_ui_command(server, tmp_path / "mlartifacts") == server
+
+
+def test_sync_levels_the_store_and_never_waits_on_one_that_is_down(
+    store: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from mlflow.tracking import MlflowClient
+
+    uri, artifacts = store
+    tracker = open_tracker(uri, "exp", artifacts)
+    tracker.log_metrics({"loss": 1.0}, step=1)
+    tracker.set_tags({"checkpoint.last": "step-1"})
+    assert tracker.sync(30.0) is True
+    assert [m.step for m in client(uri).get_metric_history(tracker.run_id, "loss")] == [1]
+    assert client(uri).get_run(tracker.run_id).data.tags["checkpoint.last"] == "step-1"
+    tracker.finish()
+
+    # A server that is not there: the writer fails once, and sync returns at once from then on.
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    down = f"http://127.0.0.1:{port}"
+    tracker = MlflowTracker(MlflowClient(tracking_uri=down), "0" * 32, down)
+    tracker.log_metrics({"loss": 1.0}, step=1)
+    start = time.monotonic()
+    assert tracker.sync(60.0) is False
+    assert time.monotonic() - start < 30  # the first failed write, not the 60 s bound
+    start = time.monotonic()
+    assert tracker.sync(60.0) is False and time.monotonic() - start < 0.5

@@ -15,7 +15,9 @@ A malformed row is an error naming the file and the row, never a skipped item.
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -95,18 +97,25 @@ def row_to_item(row: Any, where: str, index: int, prefix: str) -> Item:
     )
 
 
+def _read_parquet(path: Path) -> list[Any]:
+    import pyarrow.parquet as pq
+
+    try:
+        return list(pq.read_table(path).to_pylist())
+    except OSError as exc:
+        if not path.exists() or not os.access(path, os.R_OK):
+            raise DataError(f"cannot read {path}: {exc.strerror or exc}") from None
+        # pyarrow reports some broken files as an OSError (ArrowIOError) too.
+        raise DataError(f"{path}: not a readable parquet file ({exc})") from None
+    except Exception as exc:  # pyarrow's own error types on a broken file
+        raise DataError(f"{path}: not a readable parquet file ({exc})") from None
+
+
 def _read_rows(path: Path) -> list[Any]:
     suffix = path.suffix.lower()
-    try:
-        if suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            return list(pq.read_table(path).to_pylist())
-        text = path.read_text()
-    except OSError as exc:
-        raise DataError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    except Exception as exc:  # pyarrow raises its own error types on a broken file
-        raise DataError(f"{path}: not a readable parquet file ({exc})") from exc
+    if suffix == ".parquet":
+        return _read_parquet(path)
+    text = _utf8(path)
     if suffix == ".jsonl":
         rows = []
         for n, line in enumerate(text.splitlines(), start=1):
@@ -138,21 +147,30 @@ def load_matharena(folder: Path, prefix: str) -> list[Item]:
     """MathArena's layout: `answers.csv` (id,answer) and `problems/<id>.tex`."""
     answers = folder / "answers.csv"
     items = []
-    with answers.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        if not reader.fieldnames or not {"id", "answer"} <= set(reader.fieldnames):
-            raise DataError(f"{answers}: expected the columns id,answer; got {reader.fieldnames}")
-        for n, row in enumerate(reader, start=2):
-            where = f"{answers}: line {n}"
-            ident = _text(row["id"], where, "id")
-            tex = folder / "problems" / f"{ident}.tex"
-            try:
-                problem = tex.read_text()
-            except OSError:
-                raise DataError(f"{where}: problem file {tex} is missing") from None
-            item = row_to_item({"problem": problem, "answer": row["answer"], "id": ident}, where, n, prefix)
-            items.append(item)
+    reader = csv.DictReader(io.StringIO(_utf8(answers), newline=""))
+    if not reader.fieldnames or not {"id", "answer"} <= set(reader.fieldnames):
+        raise DataError(f"{answers}: expected the columns id,answer; got {reader.fieldnames}")
+    for n, row in enumerate(reader, start=2):
+        where = f"{answers}: line {n}"
+        ident = _text(row["id"], where, "id")
+        tex = folder / "problems" / f"{ident}.tex"
+        if not tex.is_file():
+            raise DataError(f"{where}: problem file {tex} is missing")
+        problem = _utf8(tex)
+        item = row_to_item({"problem": problem, "answer": row["answer"], "id": ident}, where, n, prefix)
+        items.append(item)
     return items
+
+
+def _utf8(path: Path) -> str:
+    """A text file's contents; one DataError naming the file when it is unreadable or not UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        bad = exc.object[exc.start]
+        raise DataError(f"{path}: not UTF-8 text (byte 0x{bad:02x} at offset {exc.start})") from None
 
 
 def load_hub(dataset_id: str, split: str, prefix: str) -> list[Item]:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from distill.domains.sciworld.config import SciWorldDomainConfig
     from distill.domains.sciworld.pool import EnvPool
+    from distill.episodes.episode import Episode
     from distill.episodes.protocol import Task
 
 
@@ -46,10 +47,17 @@ AGENTGYM = Script(instruction=INSTRUCTION, first_reply=FIRST_REPLY, invalid_feed
 
 
 class SciWorldEnvs:
-    """The worker pool as the episodic protocol's environment slots (slot = worker)."""
+    """The worker pool as the episodic protocol's environment slots (slot = worker).
+
+    An episode ends at the simulator's move limit (`env_step_limit`, ScienceWorldEnv's
+    `envStepLimit`), except a replay of the simulator's own gold sequence (a reset that asked
+    for it): ScienceWorldEnv only flags `done` past the limit and goes on stepping, so its own
+    replay of a long gold path (178 actions on 9-3) reaches the final score; ours must too.
+    """
 
     def __init__(self, pool: EnvPool) -> None:
         self.pool = pool
+        self.replays: set[int] = set()
 
     @property
     def size(self) -> int:
@@ -62,6 +70,11 @@ class SciWorldEnvs:
                 for slot, task, gold in requests
             ]
         )
+        for slot, _, gold in requests:
+            if gold:
+                self.replays.add(slot)
+            else:
+                self.replays.discard(slot)
         out: list[EnvReply | Exception] = []
         for reply in replies:
             if isinstance(reply, Exception):
@@ -74,7 +87,7 @@ class SciWorldEnvs:
     def step_many(self, requests: Sequence[tuple[int, str]]) -> list[EnvReply | Exception]:
         replies = self.pool.call_many([(slot, "step", (action,)) for slot, action in requests])
         out: list[EnvReply | Exception] = []
-        for reply in replies:
+        for (slot, _), reply in zip(requests, replies, strict=True):
             if isinstance(reply, Exception):
                 out.append(reply)
                 continue
@@ -83,7 +96,7 @@ class SciWorldEnvs:
                 EnvReply(
                     observation,
                     score=int(reply["score"]),
-                    done=bool(reply["done"]),
+                    done=bool(reply["completed"] if slot in self.replays else reply["done"]),
                     moves=int(reply["moves"]),
                     valid=not observation.startswith(UNKNOWN_ACTION),
                 )
@@ -266,11 +279,17 @@ class SciWorldDomain(Domain):
         """Items with their gold trajectory (played through the simulator) as `solution`."""
         from distill.episodes.play import ScriptedAgent, play, single
 
+        script = look_before_focus if self.config.gold_look else None
         # Text only (tokenizer None): no model reads these episodes.
-        agent = ScriptedAgent(format_response, script=look_before_focus if self.config.gold_look else None)
-        episodes = play(
-            self, items, single(agent), None, None, gold=True, max_turns=self.config.env_step_limit
-        )
+        agent = ScriptedAgent(format_response, script=script)
+
+        def turns(ep: Episode) -> int:
+            # The whole script, inserted looks included: neither the turn budget nor the
+            # simulator's move limit may cut a gold replay short (SciWorldEnvs).
+            gold = list(ep.gold or [])
+            return max(1, len(script(gold) if script is not None else gold))
+
+        episodes = play(self, items, single(agent), None, None, gold=True, max_turns=turns)
         out = []
         for item, ep in zip(items, episodes, strict=True):
             if ep.error is not None:

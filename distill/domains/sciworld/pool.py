@@ -117,9 +117,17 @@ class _Simulator:
         observation = str(server.step(action))
         score = int(round(100 * server.getScore()))
         moves = int(server.getNumMoves())
+        # The task itself is over (solved, or failed irreversibly), whatever the move count.
+        completed = bool(server.getCompleted()) or score < 0
         # The same end condition as ScienceWorldEnv.step, without its per-step valid-action list.
-        done = bool(server.getCompleted()) or score < 0 or moves > self.step_limit
-        return {"observation": observation, "score": score, "done": done, "moves": moves}
+        done = completed or moves > self.step_limit
+        return {
+            "observation": observation,
+            "score": score,
+            "done": done,
+            "completed": completed,
+            "moves": moves,
+        }
 
     def call(self, name: str, args: tuple[Any, ...]) -> Any:
         if name == "reset":

@@ -205,3 +205,33 @@ def test_an_episode_without_a_simulator_step_keeps_the_initial_score(sw_domain: 
     (ep,) = play(sw_domain, [item_of(entry)], lambda ep: Mute(), None, None, max_turns=2)
     assert [t.valid for t in ep.turns] == [False, False]
     assert ep.moves == 0 and ep.score == 50
+
+
+def test_a_long_gold_path_replays_to_the_simulators_own_final_score(sw_domain: SciWorldDomain) -> None:
+    """9-3 variation 0 has 178 gold actions, past the simulator's 100-move limit (and the inserted
+    looks add turns). ScienceWorld's own replay, env.step through its gold sequence, ends at
+    100: `with_gold` must play the whole script and reach the same score."""
+    from scienceworld import ScienceWorldEnv
+
+    from distill.domains.sciworld import look_before_focus
+
+    task = "inclined-plane-friction-unnamed-surfaces"
+    (item,) = sw_domain.with_gold([item_of(IndexEntry(index=0, task_id="9-3", task_name=task, variation=0))])
+    env = ScienceWorldEnv("", envStepLimit=100)
+    try:
+        env.load(task, 0, "", generateGoldPath=True)
+        gold = list(env.get_gold_action_sequence())
+        for action in gold:
+            _, _, _, info = env.step(action)
+        direct = int(info["score"])
+    finally:
+        env.close()
+    played = [step["action"] for step in item.meta["steps"]]
+    script = look_before_focus(gold)
+    # Played past the move limit, the whole script, to where the task completed (the simulator
+    # completes 9-3 before the script's trailing "wait1"). The two loads may name the unnamed
+    # surfaces differently (the gold path is drawn per load), so the scripts match in length and
+    # in their fixed opening, not word for word.
+    assert len(gold) > 100 and len(played) > 100
+    assert played[:4] == script[:4] and 0 <= len(script) - len(played) <= 1
+    assert item.meta["gold_score"] == direct == 100

@@ -89,15 +89,18 @@ def test_one_online_step(variant: str, tmp_path: Path, tiny_zoo: Any, sw_pool: E
 
 
 def test_cross_family_rose_bridges_turn_by_turn(tmp_path: Path, tiny_zoo: Any, sw_pool: EnvPool) -> None:
-    """A llama-token teacher takes over qwen-token episodes: it reads them re-encoded in its own
-    tokens, and its turn lands in the episode as qwen ids of the same text, labelled for CE."""
+    """A llama-token teacher takes over qwen-token episodes through the tokenizer bridge: it reads
+    them with each student turn's ids crossed to its own tokens, and its turn lands in the episode
+    as the bridge's qwen ids of its own ids, labelled for CE; budgets count its llama tokens and
+    the step logs teacher/seam_failure_rate."""
     from transformers import AutoTokenizer
 
     from distill.engines.hf import HFEngine
-    from distill.episodes.data import BridgedAgent, episode_example, turn_ids
+    from distill.episodes.data import BridgedAgent, episode_example
     from distill.episodes.episode import frame_for
     from distill.episodes.play import EngineAgent, handover, play
     from distill.methods.episode_online import train
+    from distill.tokenizer_bridge.bridge import TokenizerBridge, trim_partial
 
     student = HFEngine.load(str(tiny_zoo.student))
     teacher = HFEngine.load(str(tiny_zoo.teacher_llama))
@@ -109,7 +112,8 @@ def test_cross_family_rose_bridges_turn_by_turn(tmp_path: Path, tiny_zoo: Any, s
     )
     items = domain.train_items()[:1]
     seen: list[str] = []
-    bridged = BridgedAgent(EngineAgent(teacher, "teacher", 8), domain.script)
+    bridge = TokenizerBridge(student.tokenizer, llama)
+    bridged = BridgedAgent(EngineAgent(teacher, "teacher", 8), domain.script, bridge)
     inner_act = bridged.agent.act
 
     def spy(views):  # type: ignore[no-untyped-def]  # a test double of EngineAgent.act
@@ -121,10 +125,15 @@ def test_cross_family_rose_bridges_turn_by_turn(tmp_path: Path, tiny_zoo: Any, s
     (ep,) = play(domain, items, policy, student.tokenizer, frame_for(student.tokenizer, None))
     assert [t.writer for t in ep.turns] == ["student", "teacher", "teacher"]
     assert len(seen) == 2 and all(s.startswith("<|begin_of_text|>") for s in seen)  # llama's own frame
-    for (start, end, writer), turn in zip(ep.turn_spans(), ep.turns, strict=True):
+    own = bridged.own[ep.uid]  # the teacher's own llama ids of each turn it wrote
+    assert sorted(own) == [1, 2]
+    for i, ((start, end, writer), turn) in enumerate(zip(ep.turn_spans(), ep.turns, strict=True)):
         assert writer == turn.writer
-        if writer == "teacher":  # the teacher's text, in the student's ids
-            assert ep.ids[start:end] == turn_ids(student.tokenizer, turn.response, turn.truncated)
+        if writer == "teacher":  # the teacher's ids, crossed into the student's
+            kept = trim_partial(llama, own[i]) if turn.truncated else own[i]
+            assert ep.ids[start:end] == bridge.to_student(kept).ids
+            assert turn.source_tokens == len(own[i]) and turn.seam_ok
+    assert ep.seam_ok and ep.record(domain)["seam_ok"] is True
     _, labels = episode_example(ep, ["teacher"])
     assert sum(label != -100 for label in labels) == sum(
         e - s for s, e, w in ep.turn_spans() if w == "teacher"
@@ -138,6 +147,7 @@ def test_cross_family_rose_bridges_turn_by_turn(tmp_path: Path, tiny_zoo: Any, s
     train(ctx)
     last = [json.loads(line) for line in (ctx.run.path / "metrics.jsonl").read_text().splitlines()][-1]
     assert last["env/teacher_turns_mean"] == 1 and "train/ce_loss" in last
+    assert last["teacher/seam_failure_rate"] == 0.0  # the zoo pair's seams are lossless
     opd_dir = tmp_path / "opd"
     opd_dir.mkdir()
     opd = _context(opd_dir, tiny_zoo, sw_pool, OPDMethod())

@@ -107,6 +107,29 @@ def test_rose_run_end_to_end(tmp_path: Path, tiny_zoo: Any) -> None:
     assert lines[0]["metrics"]["score"] == summary["student_after"]["score"]
     episodes = lines[1:]
     assert len(episodes) == 2 and all(ep["id"].startswith("sciworld_") for ep in episodes)
+    _diagnose_reads_the_record(run_dir)
+
+
+def _diagnose_reads_the_record(run_dir: Path) -> None:
+    """Diagnose on this real sciworld record: the eval rules read its headline (the episode
+    score, no accuracy is logged) and item count, and every fix it names is an override the
+    run's own config accepts (no single-turn knob such as method.prefix_tokens)."""
+    import yaml
+
+    from distill.config import RunConfig, set_dotted
+    from distill.diagnose import diagnose, load_run
+    from distill.diagnose.eval_rules import eval_items, headline
+
+    rec = load_run(run_dir)
+    score = headline(rec, "sciworld")
+    assert score is not None and score.key == "eval/sciworld/score" and list(score.steps) == [0, 2]
+    assert eval_items(rec, "sciworld", 2) == 2
+    findings = diagnose(rec)
+    assert not [f.title for f in findings if f.name.startswith("rule_crashed")]
+    data = yaml.safe_load((run_dir / "config.yaml").read_text())
+    for fix in (x for f in findings for x in f.fixes):
+        set_dotted(data, fix.key.split("."), yaml.safe_load(fix.value))
+    RunConfig.model_validate(data)
 
 
 def test_sciworld_zoo_models_have_their_own_recipes() -> None:

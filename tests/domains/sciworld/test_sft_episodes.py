@@ -91,15 +91,20 @@ def test_teacher_sft_on_episodes(tmp_path: Path, tiny_zoo: Any, sw_pool: EnvPool
 def test_retokenize_keeps_turns_and_writers(
     sw_domain: SciWorldDomain, tokenizer_dirs: dict[str, Path]
 ) -> None:
-    """Cross-family data: an episode in qwen tokens, rebuilt turn by turn in llama tokens."""
+    """Cross-family data: an episode in qwen tokens, rebuilt turn by turn in llama tokens through
+    the tokenizer bridge (each turn's ids cross, EOS by role), losslessly."""
     from transformers import AutoTokenizer
+
+    from distill.tokenizer_bridge.bridge import TokenizerBridge
 
     qwen = AutoTokenizer.from_pretrained(tokenizer_dirs["qwen"])
     llama = AutoTokenizer.from_pretrained(tokenizer_dirs["llama"])
     item = item_of(IndexEntry(index=4, task_id="4-2", task_name="find-non-living-thing", variation=4))
     policy = handover(gold("student"), gold("teacher"), 1)
     (ep,) = play(sw_domain, [item], policy, qwen, ChatFrame.of(qwen), gold=True)
-    other = retokenize(ep, llama, ChatFrame.of(llama), sw_domain.script)
+    bridge = TokenizerBridge(qwen, llama)
+    other = retokenize(ep, bridge, ChatFrame.of(llama), sw_domain.script, to_teacher=True)
+    assert other.seam_ok and [t.source_tokens for t in other.turns] == [t.tokens for t in ep.turns]
     assert [w for _, _, w in other.turn_spans()] == [w for _, _, w in ep.turn_spans()]
     for (s1, e1, _), (s2, e2, _) in zip(ep.turn_spans(), other.turn_spans(), strict=True):
         assert qwen.decode(ep.ids[s1:e1], skip_special_tokens=True) == llama.decode(

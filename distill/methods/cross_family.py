@@ -1,0 +1,351 @@
+"""Cross-family OPD: the student samples in its tokens, the teacher scores the same text in its own.
+
+At generation time each completion crosses to the teacher's tokens through the tokenizer bridge
+(specials by role, never as text; tokenizer_bridge/granularity.py), the teacher scores it after
+its *own* chat-template rendering of the prompt, and the two tokenizations are cut into byte
+groups (tokenizer_bridge/align.py): minimal runs of student and teacher tokens covering the same
+bytes. A sample whose conversion is not lossless is a seam failure and is masked out.
+
+The batch carries the groups as per-student-token [B, T] tensors, so GRPO's shuffle and split
+along dim 0 keep working: `xf_group` (the token's group index in its row), `xf_weight` (1 where
+the group has tokens on both sides and the sample crossed cleanly), `xf_last` (the group's last
+student token), `xf_single` (a group of one token a side) and `teacher_logps` (the group's
+teacher logprob, the sum over its teacher tokens, at each of its student tokens). The student's
+group logprob, the sum over its tokens, is computed in the loss forward from the same pass that
+trains (differentiable): a scatter-add of the per-token logprobs into their groups and a gather
+back (`segment_sums`), exact in any precision, never a Python loop over tokens.
+
+Signals per group, for A_g = coef * (logp_T(g) - logp_S(g)):
+- token_reward_direct, k1, k3: the same-family formulas on group logprobs. `method.group_advantage`
+  spread (default) puts A_g on every student token of the group: since logp_S(g) is a sum, the
+  gradient of sum_g A_g * logp_S(g) is exactly A_g on each of them. `last` puts it on the group's
+  last token only (the gradient through the other tokens is dropped); for k1/k3 the same holds:
+  the group value is unchanged, its gradient flows through the last token only.
+- forward_kl_topk: where a group is one token a side and both its boundaries mean the same on
+  both sides (tokenizer_bridge/boundary.py), KL(teacher || student) over the teacher's top-k
+  mapped into the student's vocabulary by identical bytes (GOLD-style; specials by role,
+  `granularity.vocab_map`, built once per pair); teacher mass on tokens the student does not have
+  goes to the tail bucket (`method.topk_tail`). Other groups fall back to the group-level
+  sampled-token form k3, whose gradient has the forward KL's expectation: the same objective.
+The teacher's group logprobs carry boundary.py's correction where a group's end means different
+events on the two sides (a teacher token that closes a number the student's token leaves open).
+Every reduction is over the completion tokens, as in same-family OPD: masked tokens add nothing.
+With one tokenizer on both sides (`method.cross_family=always`) every group is one token a side,
+the map is the identity, and every number equals same-family OPD's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from distill.engines.heads import head_gather, head_gather_topk, scatter_positions
+from distill.methods import losses
+from distill.methods.on_policy import advantages
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from distill.config import OnPolicyKL, OPDMethod
+    from distill.engines.base import TokenScores
+    from distill.tokenizer_bridge.granularity import AlignedSample
+
+# The batch keys of the cross-family path (besides teacher_logps / teacher_topk_*).
+KEYS = ("xf_group", "xf_weight", "xf_last", "xf_single")
+
+
+def refusal(method: OnPolicyKL, student: str, teacher: str) -> str | None:
+    """Why a cross-family pair cannot run this method's loss (None: it can)."""
+    if method.loss == "jsd":
+        return (
+            f"opd: method.loss=jsd compares full distributions over one shared vocabulary; {student} and "
+            f"{teacher} tokenize differently: use forward_kl_topk (vocabulary-mapped top-k), "
+            "token_reward_direct, k1 or k3 (docs/cross_family.md)"
+        )
+    return None
+
+
+class CrossFamily:
+    """The pair's bridge, vocabulary map and group settings, built once per run."""
+
+    def __init__(
+        self, student: PreTrainedTokenizerBase, teacher: PreTrainedTokenizerBase, method: OPDMethod
+    ) -> None:
+        from distill.tokenizer_bridge.boundary import prefix_index
+        from distill.tokenizer_bridge.bridge import TokenizerBridge
+        from distill.tokenizer_bridge.granularity import vocab_map
+
+        self.bridge = TokenizerBridge(student, teacher)
+        self.mode = method.group_advantage
+        # What a boundary means on each side (tokenizer_bridge/boundary.py), built once per pair.
+        self.teacher_prefix = prefix_index(teacher)
+        self.student_signature = prefix_index(student).signature
+        self.map_V: torch.Tensor | None = None
+        if method.loss == "forward_kl_topk":
+            self.map_V = torch.tensor(vocab_map(student, teacher), dtype=torch.long)
+
+    def align(self, completion_rows: list[list[int]]) -> list[AlignedSample]:
+        from distill.tokenizer_bridge.granularity import align_sample
+
+        return [align_sample(self.bridge, row) for row in completion_rows]
+
+    def targets(
+        self, samples: list[AlignedSample], teacher: TokenScores, mask_B_T: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """The teacher's scores of the crossed samples as per-student-token tensors on the
+        batch's grid (see the module docstring), and the step's alignment figures."""
+        teacher.check([s.teacher_ids for s in samples], "teacher")
+        lengths = [int(n) for n in mask_B_T.sum(dim=1).tolist()]
+        B, T = mask_B_T.shape
+        out = {
+            "xf_group": torch.zeros((B, T), dtype=torch.long),
+            "xf_weight": torch.zeros((B, T)),
+            "xf_last": torch.zeros((B, T)),
+            "xf_single": torch.zeros((B, T), dtype=torch.bool),
+            "teacher_logps": torch.zeros((B, T)),
+        }
+        logps_B_Tt = teacher.logprobs_B_T.detach().float().cpu()
+        corr_B_Tt = self._corrections(samples, teacher, logps_B_Tt)
+        singles: list[tuple[int, int, int]] = []  # (row, student position, teacher position)
+        for b, (sample, n) in enumerate(zip(samples, lengths, strict=True)):
+            clean = _clean_groups(self.boundaries_differ(sample))
+            singles += _place_row(out, b, sample, n, logps_B_Tt[b] + corr_B_Tt[b], clean)
+        if self.map_V is not None:
+            out.update(self._topk(teacher, singles, B, T))
+        device = mask_B_T.device
+        return {k: v.to(device) for k, v in out.items()}, _metrics(samples, out["xf_weight"], lengths)
+
+    def _corrections(
+        self, samples: list[AlignedSample], teacher: TokenScores, logps_B_Tt: torch.Tensor
+    ) -> torch.Tensor:
+        """Per teacher position, what to add to its logprob so that each group scores the
+        byte-level conditional (boundary.py): c(last) at a group's last teacher token where the
+        two sides' last tokens differ in what could extend them, minus the previous such group's."""
+        from distill.tokenizer_bridge.boundary import prefix_correction
+
+        out_B_Tt = torch.zeros_like(logps_B_Tt)
+        if teacher.topk_ids_B_T_K is None:  # scored without top-k: the plain group sums
+            return out_B_Tt
+        ids_B_Tt = torch.zeros(logps_B_Tt.shape, dtype=torch.long)
+        for b, sample in enumerate(samples):
+            ids_B_Tt[b, : len(sample.teacher_ids)] = torch.tensor(sample.teacher_ids, dtype=torch.long)
+        topk_ids, topk_logps = (t.detach().cpu() for t in teacher.topk())
+        c_B_Tt = prefix_correction(self.teacher_prefix, ids_B_Tt, logps_B_Tt, topk_ids, topk_logps)
+        for b, sample in enumerate(samples):
+            previous = 0.0
+            for g, differ in zip(sample.groups, self.boundaries_differ(sample), strict=True):
+                if g.t1 <= g.t0 or g.s1 <= g.s0:
+                    continue
+                c = float(c_B_Tt[b, g.t1 - 1]) if differ else 0.0
+                out_B_Tt[b, g.t1 - 1] += c
+                out_B_Tt[b, g.t0] -= previous  # the group starts where the previous one's lookahead ended
+                previous = c
+        return out_B_Tt
+
+    def boundaries_differ(self, sample: AlignedSample) -> list[bool]:
+        """Per group: whether its end means different events on the two sides (boundary.py)."""
+        t_sig, s_sig = self.teacher_prefix.signature, self.student_signature
+        return [
+            g.t1 > g.t0
+            and g.s1 > g.s0
+            and t_sig[sample.teacher_ids[g.t1 - 1]] != s_sig[sample.student_ids[g.s1 - 1]]
+            for g in sample.groups
+        ]
+
+    def _topk(
+        self, teacher: TokenScores, singles: list[tuple[int, int, int]], B: int, T: int
+    ) -> dict[str, torch.Tensor]:
+        """The teacher's top-k at the one-token groups, in student ids (-1: the student has no
+        token with those bytes); zeros elsewhere."""
+        assert self.map_V is not None
+        ids_B_Tt_K, logps_B_Tt_K = (t.detach().cpu() for t in teacher.topk())
+        K = ids_B_Tt_K.shape[-1]
+        ids_B_T_K = torch.full((B, T, K), -1, dtype=torch.long)
+        logps_B_T_K = torch.zeros((B, T, K))
+        if singles:
+            b, s, t = torch.tensor(singles, dtype=torch.long).unbind(1)
+            theirs_N_K = ids_B_Tt_K[b, t]
+            inside = theirs_N_K < self.map_V.numel()
+            ids_B_T_K[b, s] = torch.where(
+                inside, self.map_V[theirs_N_K.clamp(max=self.map_V.numel() - 1)], -1
+            )
+            logps_B_T_K[b, s] = logps_B_Tt_K[b, t].float()
+        return {"teacher_topk_ids": ids_B_T_K, "teacher_topk_logps": logps_B_T_K}
+
+
+def _clean_groups(differ: list[bool]) -> list[bool]:
+    """Groups whose start and end boundaries mean the same on both sides: there the teacher's
+    distribution is over the same next bytes as the student's, and the mapped top-k may compare
+    them; elsewhere the teacher's context has closed a token the student's has not."""
+    return [not d and not (i > 0 and differ[i - 1]) for i, d in enumerate(differ)]
+
+
+def _place_row(
+    out: dict[str, torch.Tensor],
+    b: int,
+    sample: AlignedSample,
+    n: int,
+    teacher_Tt: torch.Tensor,
+    clean: list[bool],
+) -> list[tuple[int, int, int]]:
+    """One row's groups onto the student grid; returns its one-token-a-side groups."""
+    from distill.tokenizer_bridge.align import group_index, group_sums_torch
+
+    groups = sample.groups
+    if sample.kept > n:
+        raise ValueError(f"cross-family: sample {b} aligns {sample.kept} student tokens but has {n}")
+    # Tokens outside the groups (a seam failure, a trailing partial character): a group each, weight 0.
+    own = list(range(len(groups), len(groups) + n - sample.kept))
+    out["xf_group"][b, :n] = torch.tensor(group_index(groups, "student") + own, dtype=torch.long)
+    if not groups:
+        return []
+    idx = torch.tensor(group_index(groups, "student"), dtype=torch.long)
+    matched_G = torch.tensor([g.matched for g in groups])
+    one_G = torch.tensor(
+        [g.student_len == 1 == g.teacher_len and ok for g, ok in zip(groups, clean, strict=True)]
+    )
+    single_G = one_G & matched_G
+    sums_G = group_sums_torch(teacher_Tt[: len(sample.teacher_ids)], groups, "teacher")
+    weight = matched_G[idx].float()
+    k = sample.kept
+    out["xf_weight"][b, :k] = weight
+    out["xf_single"][b, :k] = single_G[idx]
+    out["teacher_logps"][b, :k] = sums_G[idx] * weight
+    out["xf_last"][b, [g.s1 - 1 for g in groups if g.s1 > g.s0]] = 1.0
+    return [(b, g.s0, g.t0) for g, one in zip(groups, single_G.tolist(), strict=True) if one]
+
+
+def _metrics(samples: list[AlignedSample], weight_B_T: torch.Tensor, lengths: list[int]) -> dict[str, float]:
+    from distill.tokenizer_bridge.align import alignment_metrics
+
+    groups = [g for s in samples if s.ok for g in s.groups]
+    return {
+        **alignment_metrics(groups),
+        "bridge/seam_failure_rate": sum(not s.ok for s in samples) / max(len(samples), 1),
+        "bridge/supervised_share": float(weight_B_T.sum()) / max(sum(lengths), 1),
+    }
+
+
+# --- the loss side: in the loss forward, at the completion positions (N, row-major) -------------
+
+
+def segment_sums(values_N: torch.Tensor, seg_N: torch.Tensor, segments: int) -> torch.Tensor:
+    """Each position's segment total, at every position of the segment: a scatter-add and a
+    gather, differentiable (each position's gradient is its segment's), exact for one-token
+    segments; a cumsum difference would lose fp32 precision over 16k-token rows."""
+    return values_N.new_zeros(segments).index_add(0, seg_N, values_N).index_select(0, seg_N)
+
+
+@dataclass
+class GroupView:
+    """The micro-batch's groups at its completion positions (the batch keys, selected by mask)."""
+
+    seg_N: torch.Tensor  # the token's group, unique across the micro-batch
+    segments: int
+    weight_N: torch.Tensor
+    last_N: torch.Tensor
+    single_N: torch.Tensor
+    teacher_N: torch.Tensor  # the group's teacher logprob
+    size_N: torch.Tensor  # the group's student tokens
+
+    def student(self, logp_S_N: torch.Tensor, mode: str) -> torch.Tensor:
+        """The group's student logprob (sum over its tokens) at each of its tokens; `last`: the
+        same value, with its gradient through the group's last token only."""
+        if mode == "last":
+            logp_S_N = logp_S_N.detach() + self.last_N * (logp_S_N - logp_S_N.detach())
+        return segment_sums(logp_S_N, self.seg_N, self.segments)
+
+
+def group_view(inputs: dict[str, Any], mask_B_T: torch.Tensor) -> GroupView:
+    mask = mask_B_T.bool()
+    B, T = mask.shape
+    offsets_B_1 = torch.arange(B, device=mask.device)[:, None] * T
+    seg_N = (inputs["xf_group"] + offsets_B_1)[mask]
+    ones_N = torch.ones(seg_N.shape, device=mask.device)
+    return GroupView(
+        seg_N,
+        B * T,
+        inputs["xf_weight"][mask],
+        inputs["xf_last"][mask],
+        inputs["xf_single"][mask],
+        inputs["teacher_logps"][mask],
+        segment_sums(ones_N, seg_N, B * T),
+    )
+
+
+def group_advantages(
+    method: OnPolicyKL, mode: str, inputs: dict[str, Any], student_B_T: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """token_reward_direct: (advantages [B, T], per-token reverse KL of the supervised tokens
+    (a group's gap shared by its tokens), the advantages' sum) from the loss forward's logprobs."""
+    mask = inputs["completion_mask"].bool()
+    view = group_view(inputs, mask)
+    gap_N = (view.teacher_N - view.student(student_B_T[mask].detach(), "spread")) * view.weight_N
+    adv_N = advantages(method, gap_N) * view.weight_N
+    if mode == "last":
+        adv_N = adv_N * view.last_N
+    on = view.weight_N > 0
+    return scatter_positions(adv_N, mask), -(gap_N / view.size_N)[on], adv_N[on].sum()
+
+
+def mapped_topk_forward_kl(
+    student_N_K: torch.Tensor, teacher_N_K: torch.Tensor, mapped_N_K: torch.Tensor, tail: bool = True
+) -> torch.Tensor:
+    """`losses.topk_forward_kl_per_token` over the teacher's top-k entries the student's vocabulary
+    has (`mapped_N_K`); the unmapped teacher mass joins the tail bucket. All mapped: the same."""
+    p_T_N_K = teacher_N_K.exp() * mapped_N_K
+    kl_N = (p_T_N_K * (teacher_N_K - student_N_K)).sum(-1)
+    if tail:
+        eps = torch.finfo(student_N_K.dtype).tiny
+        tail_T_N = (1.0 - p_T_N_K.sum(-1)).clamp_min(0.0)
+        tail_S_N = (1.0 - (student_N_K.exp() * mapped_N_K).sum(-1)).clamp_min(eps)
+        kl_N = kl_N + torch.where(
+            tail_T_N > 0, tail_T_N * (tail_T_N.clamp_min(eps).log() - tail_S_N.log()), 0.0
+        )
+    return kl_N
+
+
+def group_divergence(
+    method: OnPolicyKL,
+    mode: str,
+    head: tuple[torch.Tensor, torch.Tensor | None],
+    hidden_N_H: torch.Tensor,
+    inputs: dict[str, Any],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float | None]:
+    """k1 / k3 / forward_kl_topk on the groups: (loss, reverse KL of the supervised tokens, the
+    advantages' sum, top-k overlap or None), through the chunked head (no [N, V] tensor)."""
+    mask = inputs["completion_mask"].bool()
+    view = group_view(inputs, mask)
+    sampled_N = inputs["completion_ids"][mask]
+    weight, bias = head
+    overlap = None
+    if method.loss == "forward_kl_topk":
+        teacher_ids_N_K = inputs["teacher_topk_ids"][mask]
+        mapped_N_K = teacher_ids_N_K >= 0
+        ids_N_K1 = torch.cat([sampled_N[:, None], teacher_ids_N_K.clamp_min(0)], dim=1)
+        gathered, lse_N, student_ids_N_K, _ = head_gather_topk(
+            hidden_N_H, weight, bias, ids_N_K1, teacher_ids_N_K.shape[-1]
+        )
+        logp_S_N = gathered[:, 0] - lse_N
+        topk_N = mapped_topk_forward_kl(
+            gathered[:, 1:] - lse_N[:, None],
+            inputs["teacher_topk_logps"][mask],
+            mapped_N_K.to(gathered.dtype),
+            method.topk_tail,
+        )
+        group_N = losses.direct_kl_per_token("k3", view.student(logp_S_N, mode), view.teacher_N)
+        per_N = torch.where(view.single_N, topk_N, group_N * view.last_N) * view.weight_N
+        one = view.single_N & (view.weight_N > 0)
+        overlap = losses.topk_overlap(student_ids_N_K[one], teacher_ids_N_K[one])
+    else:
+        gathered, lse_N = head_gather(hidden_N_H, weight, bias, sampled_N[:, None])
+        logp_S_N = gathered[:, 0] - lse_N
+        per_N = losses.direct_kl_per_token(method.loss, view.student(logp_S_N, mode), view.teacher_N)
+        per_N = per_N * view.last_N * view.weight_N
+    loss = per_N.sum() / max(per_N.numel(), 1)
+    gap_N = (view.teacher_N - view.student(logp_S_N.detach(), "spread")) * view.weight_N
+    adv_N = advantages(method, gap_N) * view.weight_N * (view.last_N if mode == "last" else 1.0)
+    on = view.weight_N > 0
+    return loss, -(gap_N / view.size_N)[on], adv_N[on].sum(), overlap

@@ -1,0 +1,114 @@
+"""Is a model name usable, checked in a second before anything is created or loaded.
+
+A run or an eval names its models as `zoo:<name>`, a local folder or a Hugging Face id. Loading
+one costs seconds to minutes (torch, transformers, a zoo build, a hub download that retries), so a
+typo used to surface only after a run directory and an MLflow run existed. Here each name is
+checked on its own terms: a zoo name against the domain's recipes, a folder for the files a model
+and its tokenizer need, a hub id against the local cache (offline) or the hub (online).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from distill.config import ConfigError
+from distill.zoo import PREFIX
+
+if TYPE_CHECKING:
+    from distill.config import RunConfig
+
+# Any one of these makes a folder a tokenizer folder (fast tokenizers, slow ones, BPE vocabularies).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+# A full model, or a LoRA checkpoint whose adapters are merged onto their base on load.
+MODEL_FILES = ("config.json", "adapter_config.json")
+# Seconds an online existence check of a hub id may take before it counts as unreachable.
+HUB_TIMEOUT_S = 10.0
+
+
+def is_path_like(name: str) -> bool:
+    """A name that can only mean a local path: it starts like one, or names more than org/model."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or Path(name).expanduser().exists()
+
+
+def check_folder(path: Path, label: str, tokenizer_only: bool = False) -> None:
+    """One line naming the folder and what it lacks; nothing when it holds a model (and tokenizer)."""
+    if not path.exists():
+        raise ConfigError(f"{label}: no such folder {path}")
+    if not path.is_dir():
+        raise ConfigError(f"{label}: {path} is a file, not a model folder")
+    has_tokenizer = any((path / name).exists() for name in TOKENIZER_FILES)
+    if tokenizer_only:
+        if not has_tokenizer:
+            raise ConfigError(
+                f"{label}: {path} is not a tokenizer folder (none of {', '.join(TOKENIZER_FILES)})"
+            )
+        return
+    has_model = any((path / name).exists() for name in MODEL_FILES)
+    if not has_model or not has_tokenizer:
+        missing = [] if has_model else ["config.json"]
+        missing += [] if has_tokenizer else ["tokenizer (tokenizer.json or tokenizer_config.json)"]
+        raise ConfigError(f"{label}: {path} is not a model folder: it has no {' and no '.join(missing)}")
+
+
+def check_hub_id(name: str, label: str) -> None:
+    """A hub id: cached locally, or (online) known to the hub; offline and not cached is an error."""
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except HFValidationError:
+        raise ConfigError(
+            f"{label}: {name!r} is neither a local folder nor a Hugging Face model id"
+        ) from None
+    if isinstance(cached, str):
+        return
+    if constants.HF_HUB_OFFLINE:
+        raise ConfigError(
+            f"{label}: {name} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
+            "download it first or give a local folder"
+        )
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(name, timeout=HUB_TIMEOUT_S)
+    except GatedRepoError:
+        return  # it exists; the download says whether this machine's token may read it
+    except RepositoryNotFoundError:
+        raise ConfigError(f"{label}: no model {name} on the Hugging Face hub (nor a local folder)") from None
+    except Exception as exc:  # a network that is down, a proxy, a timeout: all mean "cannot fetch"
+        raise ConfigError(
+            f"{label}: {name} is not in the local Hugging Face cache and the hub is out of reach "
+            f"({type(exc).__name__}); download it first or give a local folder"
+        ) from None
+
+
+def check_model_name(name: str, domain: str, label: str, tokenizer_only: bool = False) -> None:
+    """Raise ConfigError (one line, starting with `label`) unless `name` can be loaded."""
+    if not name.strip():
+        raise ConfigError(f"{label}: empty model name")
+    if name.startswith(PREFIX):
+        from distill.zoo.recipes import recipes_for
+
+        known = recipes_for(domain)
+        if name[len(PREFIX) :] not in known:
+            raise ConfigError(
+                f"{label}: unknown zoo model {name!r}; known: {', '.join(PREFIX + k for k in sorted(known))}"
+            )
+        return
+    if is_path_like(name):
+        check_folder(Path(name).expanduser(), label, tokenizer_only)
+        return
+    check_hub_id(name, label)
+
+
+def check_models(config: RunConfig) -> None:
+    """The student and the teacher of a run, before its directory or MLflow run exists."""
+    domain = config.domain.name
+    check_model_name(config.student.name, domain, "student.name")
+    if config.teacher.name != config.student.name:
+        # A served teacher's weights live on the server; only its tokenizer is loaded here.
+        served = config.teacher.engine == "server"
+        check_model_name(config.teacher.name, domain, "teacher.name", tokenizer_only=served)

@@ -1,0 +1,212 @@
+"""The episode methods at their edges, on the text game (textgame.py) with the tiny zoo's real
+models and tokenizers: a cross-family teacher's turns go through the real TokenizerBridge turn by
+turn (special tokens by role, never as text; a lossy seam is flagged and counted), its budget
+figures count its own tokens, and every gradient-accumulation micro-batch draws its own stream,
+the same one again when the run is resumed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from distill import registry
+from distill.engines.base import Completion
+from distill.episodes.data import BridgedAgent, seam_failure_rate
+from distill.episodes.episode import Episode, frame_for
+from distill.episodes.play import EngineAgent, handover, play
+from distill.methods.budget import teacher_turns
+from distill.tokenizer_bridge.bridge import TokenizerBridge
+
+from .textgame import ENTRY, NAME, TextGame, TextGameConfig
+
+
+class Scripted(EngineAgent):
+    """A real engine's agent whose turns are given texts, encoded by its own tokenizer as plain
+    text (+ EOS): the writer is not what these tests test, the bridge around it is. `views` keeps
+    the token sequences it was asked to continue."""
+
+    def __init__(self, engine: Any, writer: str, texts: Sequence[str], raw: list[int] | None = None) -> None:
+        super().__init__(engine, writer, max_new_tokens=64)
+        self.texts, self.raw = texts, raw
+        self.views: list[Episode] = []
+
+    def act(self, episodes: Sequence[Episode]) -> list[Completion]:
+        tok = self.engine.tokenizer
+        out = []
+        for ep in episodes:
+            self.views.append(ep)
+            text = self.texts[min(len(ep.turns), len(self.texts) - 1)]
+            ids = list(tok(text, add_special_tokens=False)["input_ids"])
+            if self.raw is not None:  # ids the tokenizer would not produce from text
+                ids = ids[:3] + self.raw + ids[3:]
+            out.append(Completion(ids=[*ids, tok.eos_token_id], text=text, truncated=False))
+        return out
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_zoo: Any) -> tuple[Any, Any]:
+    from distill.engines.hf import HFEngine
+
+    return HFEngine.load(str(tiny_zoo.student)), HFEngine.load(str(tiny_zoo.teacher_llama))
+
+
+def _far_item(game: TextGame) -> Any:
+    """An item at least 3 moves from its target: the teacher writes two turns before it ends."""
+    return next(i for i in game.train_items() if len(i.meta["steps"]) >= 3)
+
+
+def _play_bridged(engines: tuple[Any, Any], teacher_texts: list[str], raw: list[int] | None = None) -> Any:
+    student, teacher = engines
+    game = TextGame(TextGameConfig(max_turns=3))
+    item = _far_item(game)
+    move = item.meta["steps"][0]["action"]
+    # Qwen has no <|eot_id|>: the student spelled it as ordinary text, which must stay text.
+    me = Scripted(student, "student", [f"Thought: <|eot_id|> stays text.\n\nAction: {move}"])
+    them = Scripted(teacher, "teacher", [t.format(move=move) for t in teacher_texts], raw)
+    bridge = TokenizerBridge(student.tokenizer, teacher.tokenizer)
+    bridged = BridgedAgent(them, game.script, bridge)
+    tok = student.tokenizer
+    (ep,) = play(game, [item], handover(me, bridged, 1), tok, frame_for(tok, None))
+    return ep, them, bridge
+
+
+def test_bridged_turns_cross_special_tokens_by_role_never_as_text(engines: tuple[Any, Any]) -> None:
+    student, teacher = engines
+    qwen, llama = student.tokenizer, teacher.tokenizer
+    # Llama has no <|im_end|> and groups digits by three (qwen: one token per digit).
+    ep, them, _ = _play_bridged(engines, ["Count 123456789, <|im_end|> is text.\n\nAction: {move}"])
+    assert [t.writer for t in ep.turns] == ["student", "teacher", "teacher"] and ep.error is None
+    # The teacher read the student's turn in llama ids: its only end-of-turn is the real one.
+    first_view = them.views[0]
+    student_turn = first_view.turns[0].ids
+    assert student_turn.count(llama.eos_token_id) == 1 and student_turn[-1] == llama.eos_token_id
+    assert "<|eot_id|> stays text" in llama.decode(student_turn)
+    for turn in ep.turns[1:]:
+        # The teacher's turn in qwen ids: EOS by role at the end only, "<|im_end|>" kept as text.
+        assert turn.ids.count(qwen.eos_token_id) == 1 and turn.ids[-1] == qwen.eos_token_id
+        assert "<|im_end|> is text" in qwen.decode(turn.ids[:-1])
+        own = len(llama(turn.response, add_special_tokens=False)["input_ids"]) + 1  # + its EOS
+        assert turn.seam_ok and turn.source_tokens == own
+        assert turn.response.startswith("Count 123456789") and turn.action is not None
+    assert ep.seam_ok and seam_failure_rate([ep]) == 0.0
+
+
+def test_a_bridged_teachers_budget_is_counted_in_its_own_tokens(engines: tuple[Any, Any]) -> None:
+    """teacher/ce_target_* divide the teacher's own token counts by its budget t (both teacher
+    tokens), not the student tokens its turns became."""
+    ep, them, _ = _play_bridged(engines, ["Count 123456789 987654321.\n\nAction: {move}"])
+    llama = engines[1].tokenizer
+    teacher_lengths = [
+        len(llama(t.response, add_special_tokens=False)["input_ids"]) + 1
+        for t in ep.turns
+        if t.writer == "teacher"
+    ]
+    student_lengths = [t.tokens for t in ep.turns if t.writer == "teacher"]
+    assert teacher_lengths != student_lengths  # 18 digits: 6 llama tokens, 18 qwen tokens
+    figures = teacher_turns([ep], budget=32)
+    mean = sum(teacher_lengths) / len(teacher_lengths)
+    assert figures["teacher/ce_target_tokens_mean"] == mean
+    assert figures["teacher/ce_target_tokens_max"] == max(teacher_lengths)
+    assert figures["teacher/ce_target_share"] == mean / 32
+
+
+def test_a_lossy_seam_is_flagged_and_its_special_never_leaks(engines: tuple[Any, Any]) -> None:
+    """A teacher special with no student counterpart (<|start_header_id|>) is dropped, never
+    written as text, and marks the turn and its episode as not crossed losslessly."""
+    llama = engines[1].tokenizer
+    header = llama.convert_tokens_to_ids("<|start_header_id|>")
+    ep, _, _ = _play_bridged(engines, ["Thinking.\n\nAction: {move}"], raw=[header])
+    teacher = [t for t in ep.turns if t.writer == "teacher"]
+    assert teacher and not any(t.seam_ok for t in teacher)
+    assert not ep.seam_ok and seam_failure_rate([ep]) == 1.0
+    assert "start_header" not in engines[0].tokenizer.decode(ep.ids)
+
+
+@pytest.fixture
+def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setitem(registry.DOMAINS, NAME, ENTRY)
+    yield
+
+
+def _context(run_dir: Path, tiny_zoo: Any, resume: Path | None = None) -> Any:
+    from distill.config import RunConfig
+    from distill.engines.hf import HFEngine
+    from distill.methods.context import RunContext
+    from distill.tracking.base import NullTracker
+    from distill.tracking.rundir import RunDir
+    from distill.tracking.steplog import StepLog
+
+    domain_cfg = TextGameConfig(max_turns=4, train_size=16)
+    config = RunConfig.model_validate(
+        {
+            "domain": domain_cfg.model_dump(),
+            "method": {"name": "rose", "student_turns": 3, "student_turns_min": 0, "teacher_max_tokens": 8},
+            "rollout": {"prompts_per_step": 4, "num_generations": 1, "max_new_tokens": 8, "temperature": 1.0},
+            "optim": {"lr": 1e-3, "max_steps": 2, "grad_accum": 2},
+            "checkpoint": {"every_steps": 1},
+            "eval": {"eval_teacher": False},
+            "seed": 3,
+        }
+    )
+    run_dir.mkdir(exist_ok=True)
+    return RunContext(
+        config=config,
+        run=RunDir(run_dir),
+        domain=TextGame(domain_cfg),
+        student=HFEngine.load(str(tiny_zoo.student)),
+        teacher=HFEngine.load(str(tiny_zoo.teacher)),
+        log=StepLog(RunDir(run_dir), NullTracker()),
+        resume_from=resume,
+    )
+
+
+def _recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, tuple[int, ...], list[list[int]]]]:
+    """Every micro-batch's (step, its N per episode, its episodes' token ids)."""
+    from distill.methods import episode_online
+
+    calls: list[tuple[int, tuple[int, ...], list[list[int]]]] = []
+    real = episode_online.play_batch
+
+    def spy(ctx: Any, engine: Any, items: list[Any], rng: Any) -> list[Episode]:
+        draws = tuple(random_copy(rng).randint(0, 3) for _ in range(8))
+        episodes = real(ctx, engine, items, rng)
+        calls.append((len(calls), draws, [list(ep.ids) for ep in episodes]))
+        return episodes
+
+    monkeypatch.setattr(episode_online, "play_batch", spy)
+    return calls
+
+
+def random_copy(rng: Any) -> Any:
+    import random
+
+    copy = random.Random()
+    copy.setstate(rng.getstate())
+    return copy
+
+
+@pytest.mark.integration
+def test_micro_batches_draw_their_own_streams_and_a_resume_draws_them_again(
+    registered: None, tiny_zoo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from distill.methods.episode_online import train
+
+    calls = _recorded(monkeypatch)
+    train(_context(tmp_path / "run", tiny_zoo))
+    assert len(calls) == 4  # 2 steps x 2 micro-batches
+    (_, d1, _), (_, d2, _), (_, d3, e3), (_, d4, e4) = calls
+    # Every micro-batch of a step, and every step, has its own stream of draws.
+    assert len({d1, d2, d3, d4}) == 4
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2]
+
+    # Resumed from step 1's checkpoint: step 2 draws what the uninterrupted run drew, N and tokens.
+    calls.clear()
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-1"
+    assert checkpoint.is_dir()
+    train(_context(tmp_path / "resumed", tiny_zoo, resume=checkpoint))
+    assert [(d, e) for _, d, e in calls] == [(d3, e3), (d4, e4)]
