@@ -48,6 +48,28 @@ def _jsd_block(ls: Tensor, lt: Tensor, beta: float, work: Tensor, scratch: Tenso
     return loss_C, torch.sub(ls, lm, out=lm).mul_(1 - beta)
 
 
+def _fp32(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.float()
+
+
+def _block_logprobs(
+    hs: Tensor,
+    ht: Tensor,
+    heads: tuple[Tensor | None, ...],
+    rows: slice,
+    inv_temp: float,
+    blocks: list[Tensor],
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One chunk's fp32 student hidden states and both sides' log-softmax blocks. `heads`: the
+    fp32 (weight, bias) of student then teacher, converted once per pass, not once per chunk."""
+    ws, bs, wt, bt = heads
+    assert ws is not None and wt is not None
+    h_C_H = hs[rows].float()
+    ls = _log_softmax_block(h_C_H, ws, bs, inv_temp, blocks[0], blocks[2])
+    lt = _log_softmax_block(ht[rows].float(), wt, bt, inv_temp, blocks[1], blocks[2])
+    return h_C_H, ls, lt
+
+
 class _ChunkedJSD(torch.autograd.Function):
     """Sum over rows of the generalised JSD, both heads per chunk in reused blocks; the student's
     chunk is recomputed in backward. Only the student's hidden states and head get gradients."""
@@ -70,25 +92,10 @@ class _ChunkedJSD(torch.autograd.Function):
             for _ in range(4)
         ]
         total = torch.zeros((), dtype=torch.float32, device=hs.device)
+        heads = _fp32(ws), _fp32(bs), _fp32(wt), _fp32(bt)
         with torch.no_grad(), torch.autocast(hs.device.type, enabled=False):
             for start in range(0, hs.shape[0], chunk):
-                rows = slice(start, start + chunk)
-                ls = _log_softmax_block(
-                    hs[rows].float(),
-                    ws.float(),
-                    None if bs is None else bs.float(),
-                    inv_temp,
-                    blocks[0],
-                    blocks[2],
-                )
-                lt = _log_softmax_block(
-                    ht[rows].float(),
-                    wt.float(),
-                    None if bt is None else bt.float(),
-                    inv_temp,
-                    blocks[1],
-                    blocks[2],
-                )
+                _, ls, lt = _block_logprobs(hs, ht, heads, slice(start, start + chunk), inv_temp, blocks)
                 total += _jsd_block(ls, lt, beta, blocks[2], blocks[3])[0].sum()
         ctx.save_for_backward(hs, ws, bs, ht, wt, bt)
         ctx.beta, ctx.inv_temp, ctx.chunk = beta, inv_temp, chunk
@@ -105,25 +112,16 @@ class _ChunkedJSD(torch.autograd.Function):
         grad_hs = torch.zeros(hs.shape, dtype=torch.float32, device=hs.device)
         grad_ws = torch.zeros(ws.shape, dtype=torch.float32, device=hs.device)
         grad_bs = None if bs is None else torch.zeros(ws.shape[0], dtype=torch.float32, device=hs.device)
+        ws32 = ws.float()
+        heads = ws32, _fp32(bs), _fp32(wt), _fp32(bt)
         with torch.no_grad(), torch.autocast(hs.device.type, enabled=False):
             for start in range(0, hs.shape[0], chunk):
                 rows = slice(start, start + chunk)
-                h_C_H = hs[rows].float()
-                ls = _log_softmax_block(
-                    h_C_H, ws.float(), None if bs is None else bs.float(), inv_temp, blocks[0], blocks[2]
-                )
-                lt = _log_softmax_block(
-                    ht[rows].float(),
-                    wt.float(),
-                    None if bt is None else bt.float(),
-                    inv_temp,
-                    blocks[1],
-                    blocks[2],
-                )
+                h_C_H, ls, lt = _block_logprobs(hs, ht, heads, rows, inv_temp, blocks)
                 _, g = _jsd_block(ls, lt, ctx.beta, blocks[2], blocks[3])
                 p_s = ls.exp_()  # the student block is not needed as log-probabilities any more
                 dz = g.sub_((p_s * g).sum(-1, keepdim=True)).mul_(p_s).mul_(grad_total * inv_temp)
-                grad_hs[rows] = dz @ ws.float()
+                grad_hs[rows] = dz @ ws32
                 grad_ws.addmm_(dz.t(), h_C_H)
                 if grad_bs is not None:
                     grad_bs.add_(dz.sum(0))

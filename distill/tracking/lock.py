@@ -48,14 +48,8 @@ def read_holder(run: RunDir) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _pid_alive(holder: dict[str, Any]) -> bool:
-    """Whether the recorded holder may still run: its pid exists on this host (a process on
-    another host cannot be checked from here, so it is taken to be alive)."""
-    pid = holder.get("pid")
-    if not isinstance(pid, int):
-        return False
-    if holder.get("host") != socket.gethostname():
-        return True
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -63,6 +57,15 @@ def _pid_alive(holder: dict[str, Any]) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _pid_alive(holder: dict[str, Any]) -> bool:
+    """Whether the recorded holder may still run: its pid exists on this host (a process on
+    another host cannot be checked from here, so it is taken to be alive)."""
+    pid = holder.get("pid")
+    if not isinstance(pid, int):
+        return False
+    return holder.get("host") != socket.gethostname() or pid_alive(pid)
 
 
 def _holder_alive(run: RunDir, busy: bool) -> bool:

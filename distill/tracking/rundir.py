@@ -57,20 +57,15 @@ def live_status(summary: dict[str, Any]) -> str:
     status = str(summary.get("status", "?"))
     if status != "RUNNING":
         return status
-    if summary.get("run_dir"):
-        from distill.tracking.lock import lock_held
+    from distill.tracking.lock import lock_held, pid_alive
 
+    if summary.get("run_dir"):
         held = lock_held(RunDir(Path(str(summary["run_dir"]))))
         if held is not None:
             return "RUNNING" if held else "DIED"
     pid = summary.get("pid")
-    if isinstance(pid, int):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return "DIED"  # killed without a chance to record it; `distill run --resume` continues it
-        except PermissionError:
-            pass
+    if isinstance(pid, int) and not pid_alive(pid):
+        return "DIED"  # killed without a chance to record it; `distill run --resume` continues it
     return status
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from distill.tracking.lock import pid_alive
 from distill.zoo.recipes import ZooEntry
 
 if TYPE_CHECKING:
@@ -30,23 +31,13 @@ def built_notice(entry: ZooEntry) -> str:
     return f"zoo: built {entry.name} in {entry.seconds:.0f} s{score}"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
 def remove_stale_builds(target: Path) -> list[Path]:
     """Remove the `<entry>.tmp-<pid>` folders of builds whose process is gone (a SIGKILL leaves
     one behind); called under the entry's lock, so no live build of it is touched."""
     removed = []
     for tmp in target.parent.glob(f"{target.name}.tmp-*"):
         pid = tmp.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and (int(pid) == os.getpid() or not _pid_alive(int(pid))):
+        if pid.isdigit() and (int(pid) == os.getpid() or not pid_alive(int(pid))):
             shutil.rmtree(tmp, ignore_errors=True)
             removed.append(tmp)
     return removed
