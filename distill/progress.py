@@ -46,7 +46,9 @@ class StepBar:
 
     SHOWN = ("train/loss", "kl/reverse_kl_mean", "train/ce_loss", "student/accuracy", "perf/step_time_s")
 
-    def __init__(self, label: str, total: int, start: int = 0) -> None:
+    def __init__(
+        self, label: str, total: int, start: int = 0, say: Callable[[str], None] | None = None
+    ) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self._progress = Progress(
@@ -61,13 +63,15 @@ class StepBar:
         self._task = self._progress.add_task(label, total=total, completed=start, figures="")
         self._tty = sys.stderr.isatty()
         self._total = total
+        # Off a terminal the lines go through `say` (a grid prefixes them with its cell).
+        self._say = say or (lambda line: print(line, flush=True))
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
         figures = "  ".join(f"{k.split('/')[-1]} {metrics[k]:.3g}" for k in self.SHOWN if k in metrics)
         self._progress.update(self._task, completed=step, figures=figures)
         # Off a terminal (CI, nohup) print a line every tenth of the run instead of a bar.
         if not self._tty and (step % max(1, self._total // 10) == 0 or step == self._total):
-            print(f"step {step}/{self._total}  {figures}", flush=True)
+            self._say(f"step {step}/{self._total}  {figures}")
 
     def close(self) -> None:
         self._progress.stop()

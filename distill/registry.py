@@ -54,6 +54,7 @@ EPISODE_METHODS: dict[str, str] = {
     "sft": "distill.methods.episode_sft:train",
     "rose": "distill.methods.episode_online:train_rose",
     "opd": "distill.methods.episode_online:train_opd",
+    "opsd": "distill.methods.episode_online:train_opsd",
 }
 
 BENCHMARKS: dict[str, BenchmarkEntry] = {

@@ -344,7 +344,16 @@ def _train_and_evaluate(job: Job, domains: list[Domain]) -> None:
         return evaluate(live, f"eval: step {step}", step, "")
 
     ctx = RunContext(
-        config, run, domain, student, teacher, log, job.resume_from, evaluate_student, callbacks=job.callbacks
+        config,
+        run,
+        domain,
+        student,
+        teacher,
+        log,
+        job.resume_from,
+        evaluate_student,
+        callbacks=job.callbacks,
+        say=say,
     )
     say(f"training: {config.method.name} for {config.optim.max_steps} steps")
     train(ctx)

@@ -189,6 +189,8 @@ def prepare_rerun(run_dir: Path) -> Rerun:
     manifest, config = _manifest_config(run_dir)
     notes = check_start(manifest, config, run_dir.name) + environment_notes(manifest, config)
     config.tracking.run_name = f"{run_dir.name}-repro-{secrets.token_hex(2)}"
+    # A reproduction of a grid cell stands on its own: the grid's run holds one child per cell.
+    config.tracking.parent_run_id = None
     return Rerun(run_dir.name, config, original, notes)
 
 

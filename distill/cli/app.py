@@ -303,7 +303,12 @@ def diagnose(
     "against a baseline run, and a PNG of the eval curves."
 )
 def compare(
-    runs: Annotated[list[str], typer.Argument(help="run ids, unique id prefixes or run directories")],
+    runs: Annotated[
+        list[str] | None, typer.Argument(help="run ids, unique id prefixes or run directories")
+    ] = None,
+    grid: Annotated[
+        str | None, typer.Option(help="a grid id or folder: print its domain x method table again")
+    ] = None,
     baseline: Annotated[
         str | None, typer.Option(help="the run deltas are taken against (default: the first)")
     ] = None,
@@ -313,12 +318,56 @@ def compare(
     ] = None,
     no_plot: Annotated[bool, typer.Option("--no-plot", help="skip the eval-curve plot")] = False,
 ) -> None:
+    if grid is not None:
+        if runs:
+            raise fail("--grid prints a grid's table; give it without run ids")
+        from distill.cli.grid import compare_grid
+
+        raise typer.Exit(compare_grid(grid))
+    if not runs:
+        raise fail("give run ids to compare, or --grid <id>")
     from distill.cli.diagnose import compare_command
 
     try:
         code = compare_command(runs, baseline, fmt, plot, no_plot)
     except ValueError as exc:
         raise fail(str(exc)) from None
+    raise typer.Exit(code)
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    help="Run the domain x method table: every cell an ordinary run with a matched budget (the same "
+    "steps, prompts per step, samples and eval items per domain), each an MLflow child of one grid "
+    "run. Prints the table (mean ± std over seeds, best per column in bold), the diagnose findings "
+    "per cell, and writes table.md, table.csv and grid.png to <workspace>/grids/<id>/. Trailing "
+    "KEY=VALUE overrides go to every cell (e.g. optim.max_steps=50 eval.items=100); METHOD:KEY=VALUE or "
+    "DOMAIN:KEY=VALUE to one method's or domain's cells (e.g. rose:method.teacher_max_tokens=32).",
+)
+def grid(
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="dotted overrides for every cell, or scoped: sft:key=value")
+    ] = None,
+    domain: Annotated[str, typer.Option(help="comma-separated: rlve,dapo,sciworld")] = "rlve",
+    method: Annotated[str, typer.Option(help="comma-separated: sft,opd,rose,opsd")] = "sft,opd,rose,opsd",
+    seeds: Annotated[int, typer.Option(help="seeds per cell (seed=0..N-1)")] = 1,
+    skip: Annotated[
+        list[str] | None, typer.Option(help="a domain/method cell to leave out (repeatable)")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="the grid id (default grid-<date>-<time>)")] = None,
+    parallel: Annotated[int, typer.Option(help="cells at a time, each in its own process")] = 1,
+    resume: Annotated[
+        str | None, typer.Option(help="continue a grid: FINISHED cells kept, died cells resumed")
+    ] = None,
+) -> None:
+    from distill.cli.grid import grid_command
+
+    explicit = overrides or skip or name or seeds != 1 or domain != "rlve" or method != "sft,opd,rose,opsd"
+    if resume is not None and explicit:
+        raise fail("--resume takes the grid's saved plan; drop the other options (--parallel stays)")
+    code = grid_command(
+        domain, method, seeds, list(overrides or []), list(skip or []), name, parallel, resume, sys.argv
+    )
     raise typer.Exit(code)
 
 

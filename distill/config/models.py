@@ -314,6 +314,8 @@ class TrackingConfig(Strict):
     experiment: str = "distill"
     # The run id: the run's folder name under `<workspace>/runs/` and the MLflow run name.
     run_name: str | None = None
+    # The MLflow run this one is a child of (`distill grid` sets its parent run); None: top level.
+    parent_run_id: str | None = None
     # None: DISTILL_TRACKING_URI, else the embedded sqlite store in the workspace.
     uri: str | None = None
     # Rollouts written to samples/step-N.jsonl per logged step.

@@ -120,6 +120,20 @@ class TokenScores:
 
         return self._map(lambda t: torch.nn.functional.pad(t, [0, 0] * (t.dim() - 2) + [0, width - have]))
 
+    def placed(self, offsets: Sequence[int], width: int) -> TokenScores:
+        """Row i's scores moved right by `offsets[i]` positions in a [B, width] layout (zeros and
+        mask 0 before them): scores of a suffix put back where the suffix sits in a longer row."""
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            out = t.new_zeros((t.shape[0], width, *t.shape[2:]))
+            for i, (n, offset) in enumerate(zip(self.lengths(), offsets, strict=True)):
+                if offset + n > width:
+                    raise ValueError(f"row {i}: {n} scores at offset {offset} do not fit {width} positions")
+                out[i, offset : offset + n] = t[i, :n]
+            return out
+
+        return self._map(move)
+
     def topk(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids, logprobs) [B, T, k] of a `score(..., top_k=k)` call."""
         if self.topk_ids_B_T_K is None or self.topk_logprobs_B_T_K is None:

@@ -114,6 +114,9 @@ class Episode:
     # The simulator's gold action sequence, when the reset asked for it.
     gold: list[str] | None = None
     first_observation: str = ""
+    # The content of the first user message (the instruction, and the first observation when no
+    # fixed reply comes between): what a privileged teacher view rewrites (OPSD).
+    first_message: str = ""
     # The item's position in the list `play()` was given (-1 outside play): per-episode draws are
     # keyed by it, so they do not depend on which episode an environment slot happened to start.
     position: int = -1
@@ -141,9 +144,11 @@ class Episode:
             return
         frame = self.frame
         if script.first_reply is None:
-            self._append(self._encode(frame.head + script.instruction + "\n\n" + first + frame.gen), ENV)
+            self.first_message = script.instruction + "\n\n" + first
+            self._append(self._encode(frame.head + self.first_message + frame.gen), ENV)
             return
-        self._append(self._encode(frame.head + script.instruction + frame.gen), ENV)
+        self.first_message = script.instruction
+        self._append(self._encode(frame.head + self.first_message + frame.gen), ENV)
         eos = [self.tokenizer.eos_token_id] if frame.eos_text else []
         self._append(self._encode(script.first_reply) + eos, FIXED)
         self._append(self._encode(self._after_turn(True) + self.first_observation + frame.gen), ENV)
@@ -201,6 +206,14 @@ class Episode:
     def invalid(self, script: Script, last: bool) -> None:
         """The answer to a turn without an action: the script's feedback, no env step."""
         self.add_observation(script.invalid_feedback, last)
+
+    def privileged_prompt(self, message: str) -> tuple[list[int], int]:
+        """The teacher's view of this episode's start (OPSD): the first span encoded again with
+        `message` as the first user message, and where that span ends in `ids`. Every token after
+        it is the same in both views, so the teacher scores `ids[end:]` after its own start."""
+        if self.frame is None or not self.spans:
+            raise ValueError("privileged_prompt: a text-only or empty episode has no token view")
+        return self._encode(self.frame.head + message + self.frame.gen), self.spans[0][1]
 
     # -- reading it ----------------------------------------------------------------------
     def mask(self, writers: set[str] | frozenset[str] | tuple[str, ...]) -> list[int]:

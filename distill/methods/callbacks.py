@@ -45,7 +45,9 @@ class DistillCallback(TrainerCallback):
 
         if not state.is_world_process_zero:
             return  # one progress bar per run, rank 0's
-        self._bar = StepBar(f"training {self.ctx.config.method.name}", state.max_steps, state.global_step)
+        self._bar = StepBar(
+            f"training {self.ctx.config.method.name}", state.max_steps, state.global_step, say=self.ctx.say
+        )
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any):
         if self._bar is not None:

@@ -37,6 +37,8 @@ class RunContext:
     items: list[Item] = field(default_factory=list)
     # Extra transformers TrainerCallbacks for the method's trainer (programmatic runs, benchmarks).
     callbacks: Sequence[Any] = ()
+    # Where the run's lines go (the CLI's echo; a grid prefixes them with the cell).
+    say: Callable[[str], None] = print
 
     def method_as(self, kind: type[M]) -> M:
         """The run's method config as the model a method's code expects (the registry sends a

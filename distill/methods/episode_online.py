@@ -8,6 +8,10 @@
 - OPD: the live student plays the whole episode; the teacher scores every student turn in the
   same context (the same token ids); per token A_t = coef * (logp_teacher - logp_student),
   on-policy policy gradient on student-turn tokens only (environment tokens masked).
+- OPSD: OPD with the student's own weights (step-0, live or EMA) as the teacher, which scores
+  every turn in its privileged view: the first user message carries the task's privileged
+  context (SciWorld: the gold plan) through `method.teacher_template`, so the teacher sees it at
+  every turn; the student never does.
 
 Both run on the online trainer ROSE shares (online.py): a batch of item indices becomes a batch
 of episodes inside `training_step`. Episodes are in the student's tokens; a teacher of another
@@ -24,9 +28,9 @@ from __future__ import annotations
 import hashlib
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from distill.config import OPDMethod, ROSEMethod
+from distill.config import OnPolicyKL, OPDMethod, OPSDMethod, ROSEMethod
 from distill.episodes.data import (
     BridgedAgent,
     episode_example,
@@ -44,6 +48,8 @@ from distill.methods.online import CECallback, OnlineTrainer, run_online
 if TYPE_CHECKING:
     import torch
 
+    from distill.domains.base import Item
+    from distill.engines.base import TokenScores
     from distill.engines.hf import HFEngine
     from distill.episodes.episode import Episode
     from distill.methods.context import RunContext
@@ -137,11 +143,10 @@ def opd_loss(
 
     rows = [ep for ep in episodes if not ep.failed and any(ep.mask({"student"}))]
     if not rows:
-        raise ValueError("opd: no episode of this step has a student turn to train on")
-    method = ctx.method_as(OPDMethod)
+        raise ValueError(f"{ctx.config.method.name}: no episode of this step has a student turn to train on")
+    method = ctx.method_as(OnPolicyKL)
     top_k = method.top_k if method.loss == "forward_kl_topk" else 0
-    # Position t of the "completion" ids[1:] is predicted by the state at t: one scored layout.
-    teacher = ctx.teacher.score([ep.ids[:1] for ep in rows], [ep.ids[1:] for ep in rows], top_k=top_k)
+    teacher = _teacher_scores(ctx, rows, top_k)
     pad = int(ctx.student.tokenizer.pad_token_id)
     ids_B_L, attn_B_L = right_pad([ep.ids for ep in rows], pad)
     device = ctx.student.model.device
@@ -169,6 +174,29 @@ def opd_loss(
     adv_N = coef * gap_N if clip is None else (coef * gap_N).clamp(-clip, clip)
     loss = -(adv_N * logp_S_N).sum() / max(logp_S_N.numel(), 1)
     return loss, kl_stats(-gap_N, coef * gap_N.mean())
+
+
+def _teacher_scores(ctx: RunContext, rows: list[Episode], top_k: int) -> TokenScores:
+    """The teacher's scores of every episode token after the first, in the layout of `ids[1:]`
+    (position t is predicted by the state at t). OPD's teacher reads the same ids; OPSD's reads
+    its privileged view: the first user message rewritten by `method.teacher_template` around the
+    task's privileged context (SciWorld: the gold plan), every later token the same."""
+    if not isinstance(ctx.config.method, OPSDMethod):
+        return ctx.teacher.score([ep.ids[:1] for ep in rows], [ep.ids[1:] for ep in rows], top_k=top_k)
+    from distill.methods.opsd import teacher_message
+
+    method, domain = ctx.config.method, ctx.domain
+    # The episodes were played from the run's training items (Items behind the Task protocol).
+    items = [cast("Item", ep.item) for ep in rows]
+    views = [
+        ep.privileged_prompt(teacher_message(method, domain, item, ep.first_message))
+        for ep, item in zip(rows, items, strict=True)
+    ]
+    scores = ctx.teacher.score(
+        [v for v, _ in views], [ep.ids[end:] for ep, (_, end) in zip(rows, views, strict=True)], top_k=top_k
+    )
+    # The suffix ids[end:] sits at positions end-1.. of the ids[1:] layout.
+    return scores.placed([end - 1 for _, end in views], max(len(ep.ids) for ep in rows) - 1)
 
 
 class EpisodeTrainer(OnlineTrainer):
@@ -201,7 +229,7 @@ class EpisodeTrainer(OnlineTrainer):
             loss = self._rose_loss(model, episodes)
         else:
             model.train()
-            method = ctx.method_as(OPDMethod)
+            method = ctx.method_as(OnPolicyKL)
             raw, extra = opd_loss(model, ctx, episodes, method.coef, method.advantage_clip)
             self.accelerator.backward(raw / self.args.gradient_accumulation_steps)
             loss = raw.detach()
@@ -252,9 +280,13 @@ class EpisodeTrainer(OnlineTrainer):
 
 
 def train(ctx: RunContext) -> None:
-    """Train the student online on episodes: ROSE or OPD, by the run's method."""
+    """Train the student online on episodes: ROSE, OPD or OPSD, by the run's method."""
     cfg = ctx.config
-    if isinstance(cfg.method, OPDMethod) and not same_tokenizer(ctx):
+    if isinstance(cfg.method, OPSDMethod):
+        from distill.methods.opsd import setup_teacher
+
+        ctx.callbacks = [*ctx.callbacks, *setup_teacher(ctx)]  # the EMA teacher's, if any
+    elif isinstance(cfg.method, OPDMethod) and not same_tokenizer(ctx):
         raise ValueError(
             f"opd on {cfg.domain.name} scores the student's own tokens: student and teacher must share a "
             f"tokenizer ({cfg.student.name} and {cfg.teacher.name} differ); rose and sft bridge "
@@ -267,3 +299,4 @@ def train(ctx: RunContext) -> None:
 # Registry entries (registry.py): one per method word, so a run's method names its code.
 train_rose = train
 train_opd = train
+train_opsd = train

@@ -24,10 +24,13 @@ if TYPE_CHECKING:
     from distill.methods.context import RunContext
 
 
-def teacher_message(method: OPSDMethod, domain: Domain, item: Item) -> str:
+def teacher_message(method: OPSDMethod, domain: Domain, item: Item, problem: str | None = None) -> str:
+    """The teacher's user message: `method.teacher_template` around the student's (`problem`,
+    default the item's prompt; an episode's first user message) and the privileged context."""
     try:
         return method.teacher_template.format(
-            problem=item.prompt.strip(), solution=domain.privileged_context(item).strip()
+            problem=(item.prompt if problem is None else problem).strip(),
+            solution=domain.privileged_context(item).strip(),
         )
     except (KeyError, IndexError) as exc:
         raise ValueError(
@@ -76,7 +79,8 @@ class EMATeacher(TrainerCallback):
         load_model(self.teacher, path, device=str(device))
 
 
-def train(ctx: RunContext) -> None:
+def setup_teacher(ctx: RunContext) -> list[Any]:
+    """ctx.teacher as `method.teacher_weights` says; returns the callbacks that keep it (EMA)."""
     cfg = ctx.config
     method = ctx.method_as(OPSDMethod)
     callbacks: list[Any] = []
@@ -97,6 +101,12 @@ def train(ctx: RunContext) -> None:
             if ctx.resume_from is not None:
                 ema.restore(ctx.resume_from)
             callbacks.append(ema)
+    return callbacks
+
+
+def train(ctx: RunContext) -> None:
+    method = ctx.method_as(OPSDMethod)
+    callbacks = setup_teacher(ctx)
 
     def privileged_prompt(engine: Engine, item: Item) -> list[int]:
         return engine.prompt_ids(teacher_message(method, ctx.domain, item))

@@ -129,6 +129,7 @@ def open_run_tracker(
         settings.artifact_root,
         run_name=run.name,
         tags=tags,
+        parent_run_id=config.tracking.parent_run_id,
         inherit_tags_from=str(old) if old else None,
     )
     tracker.log_params(flatten(config.model_dump(mode="json")))

@@ -47,7 +47,7 @@ _DATA_FIELDS = (
 )
 
 
-_ADDED_FIELDS = {"max_positions": 1024, "episode_loss": "turns", "vocab_size": None}
+_ADDED_FIELDS = {"max_positions": 1024, "episode_loss": "turns", "vocab_size": None, "privileged_share": 0.0}
 
 
 def _lookup(name: str, recipes: Mapping[str, Recipe]) -> Recipe:
@@ -208,21 +208,40 @@ def make_model(recipe: ModelRecipe, tokenizer: Any) -> Any:
 
 
 def supervised_examples(
-    tokenizer: Any, domain: Domain, items: list[Any], corrupt_prob: float = 0.0, seed: int = 0
+    tokenizer: Any,
+    domain: Domain,
+    items: list[Any],
+    corrupt_prob: float = 0.0,
+    seed: int = 0,
+    privileged_share: float = 0.0,
 ) -> list[tuple[list[int], list[int]]]:
     """(input_ids, labels) with labels -100 on the prompt: CE on the assistant response only.
 
     With `corrupt_prob`, that share of examples carries one wrong intermediate step whose tokens
-    are masked from the loss (see `Domain.solution_segments`).
+    are masked from the loss (see `Domain.solution_segments`). With `privileged_share`, that share
+    of items is also seen once with OPSD's privileged prompt (the reference template around the
+    problem and its privileged context), so the model can read the view an OPSD teacher gets.
     """
     import random
 
+    from distill.config.models import OPSD_TEMPLATE
     from distill.engines.base import encode_text, render_chat
 
     rng = random.Random(seed)
     examples = []
-    for item in items:
-        prompt = encode_text(tokenizer, render_chat(tokenizer, item.prompt))
+    # No draw at share 0: existing recipes' examples (and corruptions) stay exactly as they were.
+    privileged = [item for item in items if privileged_share and rng.random() < privileged_share]
+    views = [(item, item.prompt) for item in items] + [
+        (
+            item,
+            OPSD_TEMPLATE.format(
+                problem=item.prompt.strip(), solution=domain.privileged_context(item).strip()
+            ),
+        )
+        for item in privileged
+    ]
+    for item, prompt_text in views:
+        prompt = encode_text(tokenizer, render_chat(tokenizer, prompt_text))
         if corrupt_prob and rng.random() < corrupt_prob:
             response, labels = [], []
             for text, trainable in domain.solution_segments(item, rng):
@@ -295,7 +314,12 @@ def _solution_examples(
     if recipe.data_items is not None:
         items = items[: recipe.data_items]
     examples = supervised_examples(
-        tokenizer, domain, [i for i in items if i.solution], recipe.corrupt_prob, recipe.seed
+        tokenizer,
+        domain,
+        [i for i in items if i.solution],
+        recipe.corrupt_prob,
+        recipe.seed,
+        recipe.privileged_share,
     )
     if not examples:
         raise ValueError(f"zoo {name}: the domain gave no worked solutions to train on")

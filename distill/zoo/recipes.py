@@ -48,6 +48,10 @@ class ModelRecipe(BaseModel):
     # observations included: the simulator's text echoes each action's argument ("You focus on
     # the bed."), copying practice a 2-layer agent lacks otherwise (docs/sciworld.md).
     episode_loss: Literal["turns", "all"] = "turns"
+    # Share of training items also seen with OPSD's privileged prompt (the reference template
+    # around problem and solution): a model that never read one has no privileged view to
+    # distil from (rlve opsd 45% -> 0% before). Single-turn domains.
+    privileged_share: float = Field(0.0, ge=0, le=1)
     # The model's vocabulary (embedding rows); None: the tokenizer's length. Qwen pads its
     # 151,669 tokens to 151,936 rows, which the real-shape recipes keep.
     vocab_size: int | None = None

@@ -45,8 +45,8 @@ def test_config_is_checked_against_the_registered_domain(registered: None) -> No
         resolve_config(NAME, "rose", overrides=["method.prefix_tokens=8"])
     with pytest.raises(ConfigError, match="domain.zzz"):
         resolve_config(NAME, "sft", overrides=["domain.zzz=1"])
-    with pytest.raises(ValueError, match="'opsd' does not run on the multi-turn domain 'textgame'"):
-        registry.method_target("opsd", NAME)
+    # Every method runs on episodes: OPSD's teacher reads the privileged view (test_episode_online).
+    assert registry.method_target("opsd", NAME) == "distill.methods.episode_online:train_opsd"
 
 
 def test_gold_play_masks_and_replay(game: TextGame, tiny_zoo: Any) -> None:

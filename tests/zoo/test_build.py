@@ -79,6 +79,11 @@ def test_key_depends_on_recipe_tokenizer_and_data(tiny_zoo: Any) -> None:
     assert recipe_key("teacher", domain, same) == base
     changed = dict(TINY_RECIPES, teacher=teacher.model_copy(update={"episode_loss": "all"}))
     assert recipe_key("teacher", domain, changed) != base
+    for field, default, other in (("privileged_share", 0.0, 0.5),):
+        at_default = dict(TINY_RECIPES, teacher=teacher.model_copy(update={field: default}))
+        assert recipe_key("teacher", domain, at_default) == base
+        moved = dict(TINY_RECIPES, teacher=teacher.model_copy(update={field: other}))
+        assert recipe_key("teacher", domain, moved) != base
     # Other entries are unaffected by the teacher's recipe.
     assert recipe_key("student", domain, more_steps) == recipe_key("student", domain, TINY_RECIPES)
 
@@ -220,3 +225,24 @@ def test_save_model_keeps_the_shard_bar_out_and_restores_it(
     assert "Writing model shards" not in capfd.readouterr().err
     assert (tmp_path / "quiet" / "config.json").exists() and (tmp_path / "quiet" / "tokenizer.json").exists()
     assert hf_logging.is_progress_bar_enabled()
+
+
+def test_privileged_share_adds_opsd_views_of_some_items(tiny_zoo: Any) -> None:
+    """A recipe's `privileged_share` adds, for that share of items, an example whose prompt is
+    OPSD's teacher view (the reference template with the solution) and whose target is the same
+    solution; the plain examples stay as they were."""
+    from transformers import AutoTokenizer
+
+    from distill.domains import build_domain
+    from distill.zoo.build import supervised_examples
+
+    tok = AutoTokenizer.from_pretrained(tiny_zoo.tok_qwen)
+    domain = build_domain(tiny_zoo.domain)
+    items = [i for i in domain.train_items() if i.solution][:40]
+    plain = supervised_examples(tok, domain, items)
+    both = supervised_examples(tok, domain, items, privileged_share=0.5, seed=1)
+    assert both[: len(plain)] == plain and 10 <= len(both) - len(plain) <= 30
+    for ids, labels in both[len(plain) :]:
+        prompt = tok.decode([t for t, y in zip(ids, labels, strict=True) if y == -100])
+        target = tok.decode([y for y in labels if y != -100], skip_special_tokens=True)
+        assert "=== Reference Solution Begin ===" in prompt and target.strip() in prompt

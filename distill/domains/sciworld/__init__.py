@@ -308,6 +308,14 @@ class SciWorldDomain(Domain):
         return out
 
     # -- Domain API ----------------------------------------------------------------------
+    def privileged_context(self, item: Item) -> str:
+        """The OPSD teacher's privileged view of a task: its gold plan, the simulator's gold
+        action sequence as the gold replay played it (`with_gold`)."""
+        steps = item.meta.get("steps")
+        if not steps:
+            raise ValueError(f"sciworld item {item.id} has no gold trajectory: OPSD needs its gold plan")
+        return "A plan that solves this task: " + "; ".join(str(s["action"]) for s in steps) + "."
+
     def score(self, item: Item, response: str) -> Score:
         raise NotImplementedError(
             "sciworld is multi-turn: episodes are scored by the simulator (distill.domains.sciworld.play)"

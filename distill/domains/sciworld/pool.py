@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from distill.launch import set_parent_death_signal
+
 # Marks a simulator reply that reports a failure instead of a result.
 ERROR = "error"
 
@@ -39,16 +41,6 @@ class StepResult:
     done: bool
     moves: int
     seconds: float
-
-
-def _set_parent_death_signal() -> None:
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:  # not Linux: the EOF on the pipe still ends the worker
-        pass
 
 
 class _Simulator:
@@ -153,7 +145,7 @@ class _Simulator:
 
 
 def _worker_main(read_fd: int, write_fd: int, heap: str, step_limit: int) -> None:
-    _set_parent_death_signal()
+    set_parent_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["JAVA_TOOL_OPTIONS"] = f"-Xmx{heap}"
     inbox = Connection(read_fd, writable=False)

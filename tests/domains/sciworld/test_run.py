@@ -14,14 +14,18 @@ import pytest
 from distill.methods import get_method
 
 
-def test_sciworld_methods_resolve_to_the_episode_versions() -> None:
+def test_sciworld_methods_resolve_to_the_episode_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+    from distill import registry
     from distill.methods import episode_online, episode_sft, sft
 
     assert get_method("sft", "sciworld") is episode_sft.train
     assert get_method("rose", "sciworld") is episode_online.train_rose
     assert get_method("opd", "sciworld") is episode_online.train_opd
+    assert get_method("opsd", "sciworld") is episode_online.train_opsd
     # Single-turn domains keep the single-turn methods.
     assert get_method("sft", "rlve") is sft.train
+    # A method without an episode version is a clear error on an episodic domain.
+    monkeypatch.delitem(registry.EPISODE_METHODS, "opsd")
     with pytest.raises(
         ValueError, match=r"'opsd' does not run on the multi-turn domain 'sciworld'.*sft, rose, opd"
     ):

@@ -1,0 +1,241 @@
+"""The reference documents' table for a grid: rows = methods, columns = each domain's final eval
+metrics (avg@k / pass@k / solved, or Score / Success / Pass(>0)), mean ± std over seeds, the best
+method per column marked, the student before training and the teacher as reference rows, and the
+lift of the domain's first metric over the student before. Markdown, CSV, a grouped-bar PNG and
+the numbers for the grid's MLflow run; `cli/grid.py` prints it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from distill.diagnose.compare import NAMED
+
+# Row labels of the two reference rows (not methods).
+BEFORE, TEACHER = "student (before)", "teacher"
+
+
+@dataclass
+class GridTable:
+    domains: list[str]
+    methods: list[str]
+    # domain -> its metric keys, in column order (the first is the one lifts are taken on).
+    columns: dict[str, list[str]]
+    # (row, domain, key) -> one value per seed (rows: methods, BEFORE, TEACHER).
+    values: dict[tuple[str, str, str], list[float]] = field(default_factory=dict)
+    # cell label -> (status, diagnose counts, finding names at warning or above)
+    cells: dict[str, tuple[str, dict[str, int], list[str]]] = field(default_factory=dict)
+    budgets: dict[str, str] = field(default_factory=dict)
+
+    def rows(self) -> list[str]:
+        return [BEFORE, *self.methods, TEACHER]
+
+    def stats(self, row: str, domain: str, key: str) -> tuple[float, float | None, int] | None:
+        """mean, sample std (None for one seed) and the number of seeds; None when nothing ran."""
+        xs = self.values.get((row, domain, key), [])
+        if not xs:
+            return None
+        return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else None, len(xs)
+
+    def best(self, domain: str, key: str) -> list[str]:
+        means = {m: s[0] for m in self.methods if (s := self.stats(m, domain, key)) is not None}
+        if not means:
+            return []
+        top = max(means.values())
+        return [m for m, v in means.items() if math.isclose(v, top, abs_tol=1e-12)]
+
+    def lift(self, row: str, domain: str) -> float | None:
+        key = self.columns[domain][0]
+        after, before = self.stats(row, domain, key), self.stats(BEFORE, domain, key)
+        return None if after is None or before is None else after[0] - before[0]
+
+    def text(self, row: str, domain: str, key: str) -> str:
+        s = self.stats(row, domain, key)
+        if s is None:
+            return "-"
+        mean, std, _ = s
+        out = _fmt(key, mean) + (f" ± {_fmt(key, std)}" if std is not None else "")
+        lift = self.lift(row, domain) if key == self.columns[domain][0] and row in self.methods else None
+        return out + (f" ({_signed(key, lift)})" if lift is not None else "")
+
+
+def _percent(key: str) -> bool:
+    return key.startswith(("avg@", "pass@", "accuracy", "success", "pass_gt0"))
+
+
+def _fmt(key: str, value: float) -> str:
+    if _percent(key):
+        return f"{100 * value:.1f}"
+    return f"{value:.0f}" if key == "solved" else f"{value:.3f}"
+
+
+def _signed(key: str, value: float) -> str:
+    text = _fmt(key, abs(value))
+    return ("+" if value >= 0 else "-") + text
+
+
+def header(key: str) -> str:
+    name = NAMED.get(key, key)
+    return f"{name} %" if _percent(key) and key not in NAMED else name
+
+
+def metric_keys(results: list[dict[str, Any]]) -> list[str]:
+    """A domain's columns from its cells' final evals: avg@k (largest k first), pass@k, solved, or
+    Score, Success, Pass(>0)."""
+    keys = {k for r in results for k, v in r.items() if isinstance(v, int | float)}
+    if "score" in keys:
+        return [k for k in ("score", "success", "pass_gt0") if k in keys]
+    at = sorted(
+        (k for k in keys if k.startswith(("avg@", "pass@"))),
+        key=lambda k: (k[0] != "a", -int(k.split("@")[1])),
+    )
+    return at + (["solved"] if "solved" in keys else []) or (["accuracy"] if "accuracy" in keys else [])
+
+
+def build(domains: list[str], methods: list[str], cells: list[tuple[Any, dict[str, Any]]]) -> GridTable:
+    """`cells`: (a grid cell: .domain .method .seed .label, its run's summary.json) for every cell
+    that has one. The reference rows take each seed's values once, whatever the methods."""
+    columns = {
+        d: metric_keys(
+            [s.get("student_after") or s.get("student_before") or {} for c, s in cells if c.domain == d]
+        )
+        for d in domains
+    }
+    table = GridTable(domains, methods, columns)
+
+    def add(row: str, domain: str, scores: Any) -> None:
+        for key in columns[domain]:
+            if isinstance(scores, dict) and isinstance(scores.get(key), int | float):
+                table.values.setdefault((row, domain, key), []).append(float(scores[key]))
+
+    refs: dict[tuple[str, str, int], Any] = {}
+    for cell, summary in cells:
+        diag = summary.get("diagnose") or {}
+        table.cells[cell.label] = (
+            str(summary.get("status", "?")),
+            diag.get("counts", {}),
+            diag.get("findings", []),
+        )
+        if summary.get("status") == "FINISHED":  # an unfinished cell has no final eval
+            add(cell.method, cell.domain, summary.get("student_after"))
+        for row, part in ((BEFORE, "student_before"), (TEACHER, "teacher_score")):
+            if summary.get(part) and not (row == TEACHER and cell.method == "opsd"):  # its teacher is itself
+                refs.setdefault((row, cell.domain, cell.seed), summary[part])
+    for (row, domain, _), scores in refs.items():
+        add(row, domain, scores)
+    return table
+
+
+def to_rows(table: GridTable) -> tuple[list[str], list[list[str]]]:
+    head = ["method"] + [f"{d} {header(k)}" for d in table.domains for k in table.columns[d]]
+    body = [
+        [row] + [table.text(row, d, k) for d in table.domains for k in table.columns[d]]
+        for row in table.rows()
+    ]
+    return head, body
+
+
+def to_markdown(table: GridTable) -> str:
+    head, body = to_rows(table)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row, cells in zip(table.rows(), body, strict=True):
+        marked = [cells[0]]
+        i = 1
+        for d in table.domains:
+            for k in table.columns[d]:
+                best = row in table.best(d, k)
+                marked.append(f"**{cells[i]}**" if best else cells[i])
+                i += 1
+        lines.append("| " + " | ".join(marked) + " |")
+    notes = [f"- {d}: {b}" for d, b in table.budgets.items()]
+    return (
+        "\n".join(lines)
+        + "\n\nMean ± std over seeds; (+x): lift over the student before.\n"
+        + ("Budgets per domain:\n" + "\n".join(notes) + "\n" if notes else "")
+    )
+
+
+def to_csv(table: GridTable) -> str:
+    """One line per (row, domain, metric): mean, std, seeds, lift; plain numbers for other tools."""
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["row", "domain", "metric", "mean", "std", "seeds", "lift", "best"])
+    for row in table.rows():
+        for d in table.domains:
+            for k in table.columns[d]:
+                s = table.stats(row, d, k)
+                if s is None:
+                    continue
+                lift = table.lift(row, d) if k == table.columns[d][0] and row in table.methods else None
+                w.writerow(
+                    [
+                        row,
+                        d,
+                        k,
+                        f"{s[0]:.6g}",
+                        "" if s[1] is None else f"{s[1]:.6g}",
+                        s[2],
+                        "" if lift is None else f"{lift:.6g}",
+                        int(row in table.best(d, k)),
+                    ]
+                )
+    return buf.getvalue()
+
+
+def mlflow_metrics(table: GridTable) -> dict[str, float]:
+    """`grid/<domain>/<row>/<metric>` means (and `.../lift`) for the grid's parent run."""
+    out: dict[str, float] = {}
+    for row in table.rows():
+        name = row.replace(" ", "_").replace("(", "").replace(")", "")
+        for d in table.domains:
+            for k in table.columns[d]:
+                s = table.stats(row, d, k)
+                if s is not None:
+                    out[f"grid/{d}/{name}/{k}"] = s[0]
+            lift = table.lift(row, d) if row in table.methods else None
+            if lift is not None:
+                out[f"grid/{d}/{name}/lift"] = lift
+    return out
+
+
+def plot(table: GridTable, path: Path) -> Path:
+    """One panel per domain: a bar per method (its first metric's mean, std as error bar), the
+    student before and the teacher as dashed lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(table.domains), figsize=(4.2 * len(table.domains), 3.6), squeeze=False)
+    for ax, d in zip(axes[0], table.domains, strict=True):
+        key = table.columns[d][0] if table.columns[d] else None
+        if key is None:
+            ax.set_title(f"{d}: no results yet")
+            continue
+        scale = 100.0 if _percent(key) else 1.0  # the axis in the table's units
+        stats = [table.stats(m, d, key) for m in table.methods]
+        means = [scale * s[0] if s else 0.0 for s in stats]
+        errs = [scale * (s[1] or 0.0) if s else 0.0 for s in stats]
+        bars = ax.bar(table.methods, means, yerr=errs, capsize=4, color="tab:blue", alpha=0.8)
+        for bar, s in zip(bars, stats, strict=True):
+            if s is None:
+                bar.set_alpha(0.15)
+        for row, style in ((BEFORE, "tab:gray"), (TEACHER, "tab:green")):
+            ref = table.stats(row, d, key)
+            if ref is not None:
+                ax.axhline(scale * ref[0], linestyle="--", color=style, label=row)
+        ax.set_title(f"{d}: {header(key)}")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle("distill grid: final eval per method (mean ± std over seeds)", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

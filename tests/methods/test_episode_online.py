@@ -1,0 +1,110 @@
+"""OPSD on episodes: the teacher (the student's own weights) scores every turn in its privileged
+view, the first user message rewritten by `method.teacher_template`; every later token is the
+student's, scored where it sits in the student's sequence. On the text game (tests/episodes) with
+the tiny zoo's real student."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+# tests/ is on sys.path (rootdir conftest): the text game of tests/episodes.
+from episodes.textgame import ENTRY, NAME, TextGame, TextGameConfig
+
+from distill import registry
+from distill.episodes.episode import frame_for
+from distill.episodes.play import ScriptedAgent, play, single
+
+
+@pytest.fixture
+def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setitem(registry.DOMAINS, NAME, ENTRY)
+    yield
+
+
+def _context(tmp_path: Path, tiny_zoo: Any, template: str | None = None) -> Any:
+    from distill.config import RunConfig
+    from distill.engines.hf import HFEngine
+    from distill.methods.context import RunContext
+    from distill.tracking.base import NullTracker
+    from distill.tracking.rundir import RunDir
+    from distill.tracking.steplog import StepLog
+
+    domain_cfg = TextGameConfig(max_turns=4, train_size=16)
+    method: dict[str, Any] = {"name": "opsd"}
+    if template is not None:
+        method["teacher_template"] = template
+    config = RunConfig.model_validate(
+        {"domain": domain_cfg.model_dump(), "method": method, "student": {"name": str(tiny_zoo.student)}}
+    )
+    return RunContext(
+        config=config,
+        run=RunDir(tmp_path),
+        domain=TextGame(domain_cfg),
+        student=HFEngine.load(str(tiny_zoo.student)),
+        teacher=HFEngine.load(str(tiny_zoo.student)),
+        log=StepLog(RunDir(tmp_path), NullTracker()),
+    )
+
+
+def _episodes(ctx: Any) -> list[Any]:
+    game = ctx.domain
+    items = [i for i in game.train_items() if len(i.meta["steps"]) >= 2][:3]
+    tok = ctx.student.tokenizer
+    return play(
+        game, items, single(ScriptedAgent(game.action_text, writer="student")), tok, frame_for(tok, None)
+    )
+
+
+def test_opsd_scores_every_turn_in_the_privileged_view(
+    registered: None, tiny_zoo: Any, tmp_path: Path
+) -> None:
+    from distill.methods.episode_online import _teacher_scores
+    from distill.methods.opsd import teacher_message
+
+    ctx = _context(tmp_path, tiny_zoo)
+    episodes = _episodes(ctx)
+    scores = _teacher_scores(ctx, episodes, top_k=0)
+    assert scores.logprobs_B_T.shape[1] == max(len(ep.ids) for ep in episodes) - 1
+    tok = ctx.student.tokenizer
+    secret = ctx.domain.privileged_context(episodes[0].item).strip()
+    for i, ep in enumerate(episodes):
+        view, end = ep.privileged_prompt(
+            teacher_message(ctx.config.method, ctx.domain, ep.item, ep.first_message)
+        )
+        assert secret in tok.decode(view) and secret not in tok.decode(ep.ids)  # the teacher's view only
+        assert end == ep.spans[0][1] and len(view) > end
+        direct = ctx.teacher.score([view], [ep.ids[end:]])
+        n = len(ep.ids) - end
+        # Placed where the tokens sit in the student's sequence (position t predicts ids[t + 1]).
+        torch.testing.assert_close(scores.logprobs_B_T[i, end - 1 : end - 1 + n], direct.logprobs_B_T[0, :n])
+        assert not scores.mask_B_T[i, : end - 1].any() and scores.mask_B_T[i, end - 1 : end - 1 + n].all()
+        turns = torch.tensor(ep.mask({"student"})[1:], dtype=torch.bool)
+        assert turns[: end - 1].sum() == 0 and turns.sum() > 0  # every student token is scored
+    plain = ctx.teacher.score([ep.ids[:1] for ep in episodes], [ep.ids[1:] for ep in episodes])
+    turns_B_T = torch.zeros_like(plain.mask_B_T, dtype=torch.bool)
+    for i, ep in enumerate(episodes):
+        turns_B_T[i, : len(ep.ids) - 1] = torch.tensor(ep.mask({"student"})[1:], dtype=torch.bool)
+    widened = scores.widened(plain.logprobs_B_T.shape[1])
+    gap = (widened.logprobs_B_T - plain.logprobs_B_T)[turns_B_T].abs().max()
+    assert gap > 1e-4  # the privileged context changes what the teacher expects
+
+
+def test_without_privilege_opsd_scores_are_opds(registered: None, tiny_zoo: Any, tmp_path: Path) -> None:
+    """`teacher_template="{problem}"` gives the teacher the student's own view: the placed scores
+    are the plain ones, to float precision, at every position after the first span."""
+    from distill.methods.episode_online import _teacher_scores
+
+    ctx = _context(tmp_path, tiny_zoo, template="{problem}")
+    episodes = _episodes(ctx)
+    scores = _teacher_scores(ctx, episodes, top_k=4)
+    plain = ctx.teacher.score([ep.ids[:1] for ep in episodes], [ep.ids[1:] for ep in episodes], top_k=4)
+    for i, ep in enumerate(episodes):
+        end, n = ep.spans[0][1], len(ep.ids) - 1
+        got, want = scores.logprobs_B_T[i, end - 1 : n], plain.logprobs_B_T[i, end - 1 : n]
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+        assert torch.equal(scores.topk()[0][i, end - 1 : n], plain.topk()[0][i, end - 1 : n])

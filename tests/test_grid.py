@@ -1,0 +1,88 @@
+"""Planning a grid: matched budgets per domain, cells named once, bad input refused before anything exists."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distill.grid import Cell, GridRefused, _cell_config, plan
+
+
+def _plan(domains: str = "rlve,dapo", methods: str = "sft,opd,rose,opsd", **kw):
+    args = {"seeds": 2, "overrides": [], "skip": [], "grid_id": "g", "argv": []}
+    args.update(kw)
+    return plan(domains, methods, **args)
+
+
+def test_every_method_of_a_domain_gets_the_domains_budget() -> None:
+    spec = _plan(overrides=["optim.max_steps=7", "eval.items=9"])
+    assert [c.label for c in spec.cells()][:3] == ["rlve/sft/s0", "rlve/sft/s1", "rlve/opd/s0"]
+    assert len(spec.cells()) == 16
+    for domain in ("rlve", "dapo"):
+        budget = spec.budgets[domain]
+        assert (budget.steps, budget.eval_items) == (7, 9)
+        for method in ("sft", "opd", "rose", "opsd"):
+            config = _cell_config(spec, Cell(domain, method, 1))
+            assert (config.optim.max_steps, config.eval.items, config.seed) == (7, 9, 1)
+            assert config.tracking.run_name == f"g-{domain}-{method}-s1"
+            if method == "sft":  # no rollouts: the same sequences per step
+                assert config.optim.batch_size == budget.prompts_per_step * budget.samples_per_prompt
+            else:
+                assert config.rollout.prompts_per_step == budget.prompts_per_step
+                assert config.rollout.num_generations == budget.samples_per_prompt
+    # ROSE's sciworld preset trains 160 steps, OPD's 40: matched, they both get OPD's.
+    spec = _plan("sciworld", "opd,rose", seeds=1)
+    assert {_cell_config(spec, Cell("sciworld", m, 0)).optim.max_steps for m in ("opd", "rose")} == {40}
+
+
+def test_scoped_overrides_reach_their_cells_only() -> None:
+    spec = _plan(
+        "rlve,dapo", "sft,opd", seeds=1, overrides=["sft:method.temperature=0.7", "dapo:optim.lr=2e-5"]
+    )
+    assert _cell_config(spec, Cell("rlve", "sft", 0)).method.temperature == 0.7
+    assert _cell_config(spec, Cell("dapo", "opd", 0)).optim.lr == 2e-5
+    assert _cell_config(spec, Cell("rlve", "opd", 0)).optim.lr != 2e-5
+    with pytest.raises(GridRefused, match="budget"):  # a method alone cannot change its domain's budget
+        _plan("rlve", "sft,opd", seeds=1, overrides=["opd:optim.max_steps=3"])
+
+
+def test_skip_leaves_a_cell_out() -> None:
+    spec = _plan("rlve", "sft,opd", seeds=1, skip=["rlve/opd"])
+    assert [c.label for c in spec.cells()] == ["rlve/sft/s0"]
+
+
+@pytest.mark.parametrize(
+    ("kw", "words"),
+    [
+        ({"domains": "rlve,nope"}, "unknown domain 'nope'"),
+        ({"methods": "sft,sft"}, "--method"),
+        ({"seeds": 0}, "--seeds"),
+        ({"skip": ["rlve/jsd"]}, "--skip 'rlve/jsd'"),
+        ({"overrides": ["seed=3"]}, "override 'seed=3'"),
+        ({"overrides": ["optim.lr=-1"]}, "optim.lr"),
+        ({"grid_id": "a/b"}, "--name"),
+        ({"overrides": ["jsd:method.beta=1"]}, "'jsd' is no method, domain"),
+        ({"overrides": ["method.temperature=0.7"]}, "rlve/opd: invalid config: method.temperature"),
+    ],
+)
+def test_bad_input_is_refused_naming_it(kw: dict, words: str) -> None:
+    with pytest.raises(GridRefused, match=None) as info:
+        _plan(**kw)
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_cli_refuses_bad_input_with_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    env = {"DISTILL_WORKSPACE": str(tmp_path / "ws"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "distill", "grid", "--domain", "rlve", "--method", "opd", "optim.max_steps=x"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "optim.max_steps" in proc.stderr
+    assert not (tmp_path / "ws").exists()
