@@ -85,15 +85,10 @@ def print_table(grid: Grid, table: GridTable, files: list[Path]) -> None:
         title=f"grid {spec.grid_id}: mean ± std over {seeds}; (+x) lift over the student before"
     )
     rich_table.add_column("method")
-    for d in table.domains:
-        for k in table.columns[d]:
-            rich_table.add_column(f"{d}\n{header(k)}", justify="right")
+    for d, k in table.keys():
+        rich_table.add_column(f"{d}\n{header(k)}", justify="right")
     for row in table.rows():
-        cells = []
-        for d in table.domains:
-            for k in table.columns[d]:
-                text = table.text(row, d, k)
-                cells.append(f"[bold]{text}[/bold]" if row in table.best(d, k) else text)
+        cells = [f"[bold]{text}[/bold]" if best else text for text, best in table.entries(row)]
         rich_table.add_row(row, *cells, style="dim" if row not in table.methods else None)
     out.print(rich_table)
     for d, budget in table.budgets.items():

@@ -36,6 +36,14 @@ class GridTable:
     def rows(self) -> list[str]:
         return [BEFORE, *self.methods, TEACHER]
 
+    def keys(self) -> list[tuple[str, str]]:
+        """(domain, metric) of every column, in order."""
+        return [(d, k) for d in self.domains for k in self.columns[d]]
+
+    def entries(self, row: str) -> list[tuple[str, bool]]:
+        """Row `row` as (text, best in its column) per column: what every rendering shows."""
+        return [(self.text(row, d, k), row in self.best(d, k)) for d, k in self.keys()]
+
     def stats(self, row: str, domain: str, key: str) -> tuple[float, float | None, int] | None:
         """mean, sample std (None for one seed) and the number of seeds; None when nothing ran."""
         xs = self.values.get((row, domain, key), [])
@@ -55,13 +63,18 @@ class GridTable:
         after, before = self.stats(row, domain, key), self.stats(BEFORE, domain, key)
         return None if after is None or before is None else after[0] - before[0]
 
+    def lift_at(self, row: str, domain: str, key: str) -> float | None:
+        """The lift where it is shown: a method's row, in its domain's first column."""
+        first = key == self.columns[domain][0] and row in self.methods
+        return self.lift(row, domain) if first else None
+
     def text(self, row: str, domain: str, key: str) -> str:
         s = self.stats(row, domain, key)
         if s is None:
             return "-"
         mean, std, _ = s
         out = _fmt(key, mean) + (f" ± {_fmt(key, std)}" if std is not None else "")
-        lift = self.lift(row, domain) if key == self.columns[domain][0] and row in self.methods else None
+        lift = self.lift_at(row, domain, key)
         return out + (f" ({_signed(key, lift)})" if lift is not None else "")
 
 
@@ -132,27 +145,12 @@ def build(domains: list[str], methods: list[str], cells: list[tuple[Any, dict[st
     return table
 
 
-def to_rows(table: GridTable) -> tuple[list[str], list[list[str]]]:
-    head = ["method"] + [f"{d} {header(k)}" for d in table.domains for k in table.columns[d]]
-    body = [
-        [row] + [table.text(row, d, k) for d in table.domains for k in table.columns[d]]
-        for row in table.rows()
-    ]
-    return head, body
-
-
 def to_markdown(table: GridTable) -> str:
-    head, body = to_rows(table)
+    head = ["method"] + [f"{d} {header(k)}" for d, k in table.keys()]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row, cells in zip(table.rows(), body, strict=True):
-        marked = [cells[0]]
-        i = 1
-        for d in table.domains:
-            for k in table.columns[d]:
-                best = row in table.best(d, k)
-                marked.append(f"**{cells[i]}**" if best else cells[i])
-                i += 1
-        lines.append("| " + " | ".join(marked) + " |")
+    for row in table.rows():
+        marked = [f"**{text}**" if best else text for text, best in table.entries(row)]
+        lines.append("| " + " | ".join([row, *marked]) + " |")
     notes = [f"- {d}: {b}" for d, b in table.budgets.items()]
     return (
         "\n".join(lines)
@@ -167,24 +165,23 @@ def to_csv(table: GridTable) -> str:
     w = csv.writer(buf)
     w.writerow(["row", "domain", "metric", "mean", "std", "seeds", "lift", "best"])
     for row in table.rows():
-        for d in table.domains:
-            for k in table.columns[d]:
-                s = table.stats(row, d, k)
-                if s is None:
-                    continue
-                lift = table.lift(row, d) if k == table.columns[d][0] and row in table.methods else None
-                w.writerow(
-                    [
-                        row,
-                        d,
-                        k,
-                        f"{s[0]:.6g}",
-                        "" if s[1] is None else f"{s[1]:.6g}",
-                        s[2],
-                        "" if lift is None else f"{lift:.6g}",
-                        int(row in table.best(d, k)),
-                    ]
-                )
+        for d, k in table.keys():
+            s = table.stats(row, d, k)
+            if s is None:
+                continue
+            lift = table.lift_at(row, d, k)
+            w.writerow(
+                [
+                    row,
+                    d,
+                    k,
+                    f"{s[0]:.6g}",
+                    "" if s[1] is None else f"{s[1]:.6g}",
+                    s[2],
+                    "" if lift is None else f"{lift:.6g}",
+                    int(row in table.best(d, k)),
+                ]
+            )
     return buf.getvalue()
 
 

@@ -21,6 +21,7 @@ from distill.episodes.play import EngineAgent, handover, play
 from distill.methods.budget import teacher_turns
 from distill.tokenizer_bridge.bridge import TokenizerBridge
 
+from .runs import textgame_context
 from .textgame import ENTRY, NAME, TextGame, TextGameConfig
 
 
@@ -134,11 +135,6 @@ def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def _context(run_dir: Path, tiny_zoo: Any, resume: Path | None = None) -> Any:
     from distill.config import RunConfig
-    from distill.engines.hf import HFEngine
-    from distill.methods.context import RunContext
-    from distill.tracking.base import NullTracker
-    from distill.tracking.rundir import RunDir
-    from distill.tracking.steplog import StepLog
 
     domain_cfg = TextGameConfig(max_turns=4, train_size=16)
     config = RunConfig.model_validate(
@@ -152,16 +148,7 @@ def _context(run_dir: Path, tiny_zoo: Any, resume: Path | None = None) -> Any:
             "seed": 3,
         }
     )
-    run_dir.mkdir(exist_ok=True)
-    return RunContext(
-        config=config,
-        run=RunDir(run_dir),
-        domain=TextGame(domain_cfg),
-        student=HFEngine.load(str(tiny_zoo.student)),
-        teacher=HFEngine.load(str(tiny_zoo.teacher)),
-        log=StepLog(RunDir(run_dir), NullTracker()),
-        resume_from=resume,
-    )
+    return textgame_context(run_dir, domain_cfg, config, tiny_zoo.student, tiny_zoo.teacher, resume)
 
 
 def _recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, tuple[int, ...], list[list[int]]]]:

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 # tests/ is on sys.path (rootdir conftest): the text game of tests/episodes.
-from episodes.textgame import ENTRY, NAME, TextGame, TextGameConfig
+from episodes.runs import textgame_context
+from episodes.textgame import ENTRY, NAME, TextGameConfig
 
 from distill import registry
 from distill.episodes.episode import frame_for
@@ -28,11 +29,6 @@ def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def _context(tmp_path: Path, tiny_zoo: Any, template: str | None = None) -> Any:
     from distill.config import RunConfig
-    from distill.engines.hf import HFEngine
-    from distill.methods.context import RunContext
-    from distill.tracking.base import NullTracker
-    from distill.tracking.rundir import RunDir
-    from distill.tracking.steplog import StepLog
 
     domain_cfg = TextGameConfig(max_turns=4, train_size=16)
     method: dict[str, Any] = {"name": "opsd"}
@@ -41,14 +37,8 @@ def _context(tmp_path: Path, tiny_zoo: Any, template: str | None = None) -> Any:
     config = RunConfig.model_validate(
         {"domain": domain_cfg.model_dump(), "method": method, "student": {"name": str(tiny_zoo.student)}}
     )
-    return RunContext(
-        config=config,
-        run=RunDir(tmp_path),
-        domain=TextGame(domain_cfg),
-        student=HFEngine.load(str(tiny_zoo.student)),
-        teacher=HFEngine.load(str(tiny_zoo.student)),
-        log=StepLog(RunDir(tmp_path), NullTracker()),
-    )
+    # OPSD's teacher is the student's own (step-0) weights.
+    return textgame_context(tmp_path, domain_cfg, config, tiny_zoo.student, tiny_zoo.student)
 
 
 def _episodes(ctx: Any) -> list[Any]:
