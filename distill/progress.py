@@ -1,16 +1,25 @@
-"""Progress bars for long work (zoo builds, evals, training), quiet when not on a terminal."""
+"""Progress for long work (zoo builds, evals, teacher data): a bar on a terminal, plain lines elsewhere."""
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
 @contextmanager
 def progress_bar(label: str, total: int, enabled: bool = True) -> Iterator[Callable[[int], None]]:
+    """A bar on a terminal; elsewhere (a log file, CI, a pipe) a line on stderr at each tenth of
+    the work and at least every `LINE_EVERY_S` seconds once it has taken `QUIET_S`, so a long
+    build never looks hung and a short eval stays quiet."""
     if not enabled:
         yield lambda n: None
+        return
+    if not sys.stderr.isatty():
+        lines = _Lines(label, total)
+        yield lines.advance
+        lines.finish()
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -19,11 +28,48 @@ def progress_bar(label: str, total: int, enabled: bool = True) -> Iterator[Calla
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        disable=not sys.stderr.isatty(),
         transient=False,
     ) as bar:
         task = bar.add_task(label, total=total)
         yield lambda n: bar.advance(task, n)
+
+
+LINE_EVERY_S = 30.0
+# Work done within this many seconds prints nothing (an eval of a few batches).
+QUIET_S = 5.0
+
+
+class _Lines:
+    """Progress as plain lines: `label: done/total (pct%), elapsed`."""
+
+    def __init__(self, label: str, total: int) -> None:
+        self.label, self.total, self.done = label, total, 0
+        self.start = self.last = time.monotonic()
+        self.tenth = 0
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        tenth = self.done * 10 // self.total if self.total else 0
+        if now - self.start < QUIET_S:
+            self.tenth = tenth  # work this short needs no progress lines
+            return
+        if self.done < self.total and (tenth > self.tenth or now - self.last >= LINE_EVERY_S):
+            self.tenth, self.last = tenth, now
+            self._line(now)
+
+    def finish(self) -> None:
+        now = time.monotonic()
+        if self.done and now - self.start >= QUIET_S:
+            self._line(now)
+
+    def _line(self, now: float) -> None:
+        pct = f" ({100 * self.done // self.total}%)" if self.total else ""
+        print(
+            f"{self.label}: {self.done}/{self.total}{pct}, {now - self.start:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 @contextmanager

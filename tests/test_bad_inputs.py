@@ -136,6 +136,7 @@ FAST: list[tuple[str, Args, str]] = [
     ("config-unknown-key", lambda f: ["run", "--config", f("unknown-key.yaml")], "optim.nope"),
     ("config-wrong-type", lambda f: ["run", "--config", f("wrong-type.yaml")], "rollout.temperature"),
     ("run-name-traversal", lambda f: ["run", "tracking.run_name=../x"], "tracking.run_name"),
+    ("opd-one-sample-per-prompt", lambda f: ["run", "rollout.num_generations=1"], "rollout.num_generations"),
     ("resume-with-options", lambda f: ["run", "--resume", RUN_A, "optim.lr=1"], "--resume"),
     ("resume-no-such-run", lambda f: ["run", "--resume", "nope"], "nope"),
     # models of a run: checked before a run directory or MLflow run exists

@@ -75,12 +75,31 @@ def async_teacher_reason(config: RunConfig) -> str | None:
     return None
 
 
+def grpo_group_reason(config: RunConfig) -> str | None:
+    """Why the rollout groups cannot run on TRL's GRPO trainer (None: they can)."""
+    from distill import registry
+
+    if config.method.name not in TRL_ROLLOUT_METHODS or registry.domain_entry(config.domain.name).episodic:
+        return None
+    if config.rollout.num_generations < 2:
+        return (
+            f"rollout.num_generations={config.rollout.num_generations}: {config.method.name} on "
+            f"{config.domain.name} runs on TRL's GRPO trainer, which samples at least 2 completions per "
+            "prompt; set it to 2 or more"
+        )
+    return None
+
+
 def check_config(config: RunConfig, check_install: bool = False) -> None:
     """Raise ConfigError (one line) when the config's engines cannot run it."""
     if config.teacher.engine == "server":
         reason = served_teacher_reason(config)
         if reason:
             raise ConfigError(f"teacher.engine=server: {reason}")
-    reason = vllm_rollout_reason(config, check_install) or async_teacher_reason(config)
+    reason = (
+        vllm_rollout_reason(config, check_install)
+        or async_teacher_reason(config)
+        or grpo_group_reason(config)
+    )
     if reason:
         raise ConfigError(reason)
