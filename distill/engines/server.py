@@ -18,7 +18,6 @@ times out or gets a 5xx is retried `retries` times with backoff, then the step f
 from __future__ import annotations
 
 import http.client
-import json
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +25,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from distill.config import ServerClientConfig
 from distill.engines.base import ChatPrompts, Completion, KVCache, TokenScores, right_pad
@@ -331,7 +332,7 @@ class ServerEngine(ChatPrompts):
     def _request(self, method: str, route: str, body: dict[str, Any] | None, label: str) -> dict[str, Any]:
         """One JSON request with timeout and retries; every failure names the URL and what was asked."""
         opts = self.options
-        data = json.dumps(body).encode() if body is not None else None
+        data = orjson.dumps(body) if body is not None else None
         last = ""
         for attempt in range(opts.retries + 1):
             if attempt:
@@ -357,7 +358,10 @@ class ServerEngine(ChatPrompts):
                 last = f"{type(reason).__name__}: {reason}"
                 continue
             try:
-                return dict(json.loads(payload))
+                # A scoring answer with top-k logprobs is megabytes of JSON (7 MB for 32 rows x
+                # 100 positions x top-32): orjson parses it 2-3x faster than the stdlib, in the
+                # thread that also shares the GIL with the student's step (async teacher).
+                return dict(orjson.loads(payload))
             except ValueError:
                 raise ServerError(
                     f"teacher server {self.url}{route} answered {label} with non-JSON: {payload[:200]!r}"
