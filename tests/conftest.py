@@ -135,3 +135,14 @@ def real_shape(tmp_path_factory: pytest.TempPathFactory, _workspace: Path) -> Re
         return ensure_built(root, name, domain, show_progress=False, recipes=RECIPES)
 
     return RealShape(root, build("tok-qwen3"), build("student-qwen3"), build("teacher-qwen3"))
+
+
+@pytest.fixture
+def registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The text game (tests/episodes/textgame.py) as a domain: the one line a new domain adds to
+    distill/registry.py."""
+    from episodes.textgame import ENTRY, NAME
+
+    from distill import registry
+
+    monkeypatch.setitem(registry.DOMAINS, NAME, ENTRY)

@@ -19,6 +19,16 @@ if TYPE_CHECKING:
 TRL_ROLLOUT_METHODS = ("opd", "opsd")
 
 
+def runs_on_grpo(config: RunConfig) -> bool:
+    """Whether this run's student rollouts and loss go through TRL's GRPO trainer (opd and opsd on
+    single-turn domains; the episode methods have their own loop)."""
+    from distill import registry
+
+    return (
+        config.method.name in TRL_ROLLOUT_METHODS and not registry.domain_entry(config.domain.name).episodic
+    )
+
+
 def served_teacher_reason(config: RunConfig) -> str | None:
     """Why this run cannot use a teacher behind a server (it needs the teacher's weights in-process)."""
     from distill import registry
@@ -42,11 +52,9 @@ def served_teacher_reason(config: RunConfig) -> str | None:
 def vllm_rollout_reason(config: RunConfig, check_install: bool = True) -> str | None:
     """Why `rollout.engine=vllm` cannot run this config (None: it can). `check_install=False`
     skips the install check: a GPU config may be written on a machine without vLLM."""
-    from distill import registry
-
     if config.rollout.engine != "vllm":
         return None
-    if config.method.name not in TRL_ROLLOUT_METHODS or registry.domain_entry(config.domain.name).episodic:
+    if not runs_on_grpo(config):
         return (
             f"rollout.engine=vllm runs through TRL's GRPO trainer, which only {', '.join(TRL_ROLLOUT_METHODS)} "
             f"use (not {config.method.name} on {config.domain.name}); use rollout.engine=hf"
@@ -77,11 +85,7 @@ def async_teacher_reason(config: RunConfig) -> str | None:
 
 def grpo_group_reason(config: RunConfig) -> str | None:
     """Why the rollout groups cannot run on TRL's GRPO trainer (None: they can)."""
-    from distill import registry
-
-    if config.method.name not in TRL_ROLLOUT_METHODS or registry.domain_entry(config.domain.name).episodic:
-        return None
-    if config.rollout.num_generations < 2:
+    if runs_on_grpo(config) and config.rollout.num_generations < 2:
         return (
             f"rollout.num_generations={config.rollout.num_generations}: {config.method.name} on "
             f"{config.domain.name} runs on TRL's GRPO trainer, which samples at least 2 completions per "

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +16,7 @@ from distill.episodes.data import IGNORE, episode_example, replay_gold
 from distill.episodes.episode import ENV, frame_for
 from distill.episodes.play import ScriptedAgent, handover, play, single
 
-from .textgame import ENTRY, NAME, TextGame, TextGameConfig
-
-
-@pytest.fixture
-def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The one line a new domain adds to distill/registry.py."""
-    monkeypatch.setitem(registry.DOMAINS, NAME, ENTRY)
-    yield
+from .textgame import NAME, TextGame, TextGameConfig
 
 
 @pytest.fixture

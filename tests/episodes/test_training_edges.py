@@ -7,13 +7,12 @@ the same one again when the run is resumed."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from distill import registry
 from distill.engines.base import Completion
 from distill.episodes.data import BridgedAgent, seam_failure_rate
 from distill.episodes.episode import Episode, frame_for
@@ -22,7 +21,7 @@ from distill.methods.budget import teacher_turns
 from distill.tokenizer_bridge.bridge import TokenizerBridge
 
 from .runs import textgame_context
-from .textgame import ENTRY, NAME, TextGame, TextGameConfig
+from .textgame import TextGame, TextGameConfig
 
 
 class Scripted(EngineAgent):
@@ -125,12 +124,6 @@ def test_a_lossy_seam_is_flagged_and_its_special_never_leaks(engines: tuple[Any,
     assert teacher and not any(t.seam_ok for t in teacher)
     assert not ep.seam_ok and seam_failure_rate([ep]) == 1.0
     assert "start_header" not in engines[0].tokenizer.decode(ep.ids)
-
-
-@pytest.fixture
-def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setitem(registry.DOMAINS, NAME, ENTRY)
-    yield
 
 
 def _context(run_dir: Path, tiny_zoo: Any, resume: Path | None = None) -> Any:

@@ -5,26 +5,17 @@ the tiny zoo's real student."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 
 # tests/ is on sys.path (rootdir conftest): the text game of tests/episodes.
 from episodes.runs import textgame_context
-from episodes.textgame import ENTRY, NAME, TextGameConfig
+from episodes.textgame import TextGameConfig
 
-from distill import registry
 from distill.episodes.episode import frame_for
 from distill.episodes.play import ScriptedAgent, play, single
-
-
-@pytest.fixture
-def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setitem(registry.DOMAINS, NAME, ENTRY)
-    yield
 
 
 def _context(tmp_path: Path, tiny_zoo: Any, template: str | None = None) -> Any:
