@@ -108,17 +108,17 @@ class DistillCallback(TrainerCallback):
         src = Path(str(args.output_dir)) / f"checkpoint-{state.global_step}"
         dst = Path(str(args.output_dir)) / f"step-{state.global_step}"
         if src.is_dir() and state.is_world_process_zero:
+            tracker = self.ctx.log.tracker
+            # MLflow level with metrics.jsonl before the commit point, not after it: a kill between
+            # the rename and the sync would leave a checkpoint whose points MLflow lacks. Bounded,
+            # and skipped while the store is down, so a slow or unreachable store never holds the run.
+            tracker.sync(CHECKPOINT_SYNC_S)
             if dst.exists():
                 import shutil
 
                 shutil.rmtree(dst)
             os.replace(src, dst)
-            tracker = self.ctx.log.tracker
             tracker.set_tags({"checkpoint.last": str(dst)})
-            # MLflow level with metrics.jsonl at every commit point (a kill after it loses nothing
-            # that `--resume` keeps); bounded, and skipped while the store is down, so a slow or
-            # unreachable store never holds the run.
-            tracker.sync(CHECKPOINT_SYNC_S)
 
 
 def quiet(trainer: Any) -> Any:
