@@ -58,7 +58,8 @@ def test_opd_preset_values() -> None:
     assert cfg.method.loss == "forward_kl_topk"  # schema default is token_reward_direct
     assert cfg.method.top_k == 32  # schema default is 20
     assert cfg.rollout.temperature == 0.3  # schema default is 1.0
-    assert cfg.optim.lr == 5e-4  # schema default is 1e-4
+    assert cfg.optim.lr == 1.2e-3  # schema default is 1e-4
+    assert cfg.optim.scheduler == "cosine"  # schema default is constant
     assert cfg.optim.max_steps == 200  # schema default is 100
     assert cfg.checkpoint.every_steps == 50  # schema default is 25
 
@@ -254,7 +255,7 @@ def test_flatten_nested() -> None:
 
 def test_flatten_of_a_run_config_has_dotted_keys() -> None:
     flat = flatten(resolve_config("rlve", "opd").model_dump(mode="json"))
-    assert flat["optim.lr"] == 5e-4
+    assert flat["optim.lr"] == 1.2e-3
     assert flat["method.loss"] == "forward_kl_topk"
     assert flat["domain.parameters.Sorting.N"] == 3
     assert not any(isinstance(v, dict) and v for v in flat.values())

@@ -15,7 +15,13 @@ from conftest import TINY_RECIPES
 from distill.config import domain_config
 from distill.domains.rlve.config import RLVEDomainConfig
 from distill.zoo.build import _DATA_FIELDS, ensure_built
-from distill.zoo.notices import build_notice, changed_data_fields, remove_stale_builds, typical_seconds
+from distill.zoo.notices import (
+    TYPICAL_SECONDS,
+    build_notice,
+    changed_data_fields,
+    remove_stale_builds,
+    typical_seconds,
+)
 from distill.zoo.recipes import TokenizerRecipe, ZooEntry
 
 
@@ -47,7 +53,7 @@ def test_typical_seconds_come_from_this_zoo(tmp_path: Path) -> None:
         (entry / "zoo.json").write_text(meta.model_dump_json())
     assert typical_seconds(tmp_path, "student", "rlve") == 50.0
     assert typical_seconds(tmp_path, "student", "dapo") == 50.0  # another domain's builds, else
-    assert typical_seconds(tmp_path, "teacher", "rlve") == 320
+    assert typical_seconds(tmp_path, "teacher", "rlve") == TYPICAL_SECONDS["teacher"]  # none built: the table
 
 
 def test_the_notice_is_printed_before_a_build(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
