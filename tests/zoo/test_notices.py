@@ -40,7 +40,7 @@ def test_a_data_override_is_named_before_its_build(tmp_path: Path) -> None:
         in line
     )
     assert "the default student is not reused" in line and str(tmp_path / "rlve") in line
-    assert "typically 65 s" in line  # nothing built here yet: the measured figure
+    assert f"typically {TYPICAL_SECONDS['student']} s" in line  # nothing built here yet: the measured figure
     plain = build_notice(tmp_path, "student", default, tmp_path / "rlve" / "student-abc", _DATA_FIELDS)
     assert "first use" in plain and "not reused" not in plain
 
