@@ -417,7 +417,7 @@ def _check_budgets(
             f"cross-family OPD ({config.student.name} <- {config.teacher.name}) is experimental: where one "
             "tokenizer's token is a prefix of the other's longer tokens (digits, word pieces) the per-group "
             "signal is corrected only on the teacher's side; on the embedded default it does not lift the student "
-            "yet (docs/cross_family.md)"
+            "yet, and at the same-family preset's learning rate it harms it (docs/cross_family.md)"
         )
     for warning in warnings:
         say(f"warning: {warning}")
