@@ -47,6 +47,8 @@ _DATA_FIELDS = (
 )
 
 
+Example = tuple[list[int], list[int]]  # token ids and their labels (-100: no loss)
+
 _ADDED_FIELDS = {
     "max_positions": 1024,
     "episode_loss": "turns",
@@ -220,7 +222,7 @@ def supervised_examples(
     corrupt_prob: float = 0.0,
     seed: int = 0,
     privileged_share: float = 0.0,
-) -> list[tuple[list[int], list[int]]]:
+) -> list[Example]:
     """(input_ids, labels) with labels -100 on the prompt: CE on the assistant response only.
 
     With `corrupt_prob`, that share of examples carries one wrong intermediate step whose tokens
@@ -313,9 +315,7 @@ def _build_model(
     }
 
 
-def _solution_examples(
-    domain: Domain, name: str, recipe: ModelRecipe, tokenizer: Any
-) -> list[tuple[list[int], list[int]]]:
+def _solution_examples(domain: Domain, name: str, recipe: ModelRecipe, tokenizer: Any) -> list[Example]:
     items = domain.train_items()
     if recipe.data_items is not None:
         items = items[: recipe.data_items]
@@ -335,7 +335,7 @@ def _solution_examples(
 def fit_examples(
     model: Any,
     tokenizer: Any,
-    examples: list[tuple[list[int], list[int]]],
+    examples: list[Example],
     recipe: ModelRecipe,
     batch_size: int,
     label: str,
@@ -381,9 +381,6 @@ def fit_examples(
         model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return loss_value
-
-
-Example = tuple[list[int], list[int]]  # token ids and their labels (-100: no loss)
 
 
 def padded_batch(batch: list[Example], pad_id: int) -> dict[str, Any]:
