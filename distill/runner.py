@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distill import __version__, launch
-from distill.config import ModelConfig, RunConfig, dump_config
+from distill.config import ModelConfig, OPDMethod, RunConfig, dump_config
 from distill.tracking.rundir import RunDir, new_run_id, resolve_tracking_uri
 
 if TYPE_CHECKING:
@@ -407,18 +407,17 @@ def _check_budgets(
 ) -> None:
     """Token budgets against the models' contexts (engines/context.py): capped with a warning,
     kept in summary.json, or a one-line error before anything is generated. Also the warning of
-    cross-family OPD, whose per-group signal is biased (docs/cross_family.md)."""
+    cross-family OPD on a sampled-token loss (docs/cross_family.md)."""
     from distill.methods.budget import context_checks
     from distill.methods.preflight import crosses
 
     warnings = [w for check in context_checks(config, domain, student, teacher) if (w := check.warning())]
     if config.method.name == "opd" and crosses(config, student, teacher):
-        warnings.append(
-            f"cross-family OPD ({config.student.name} <- {config.teacher.name}) is experimental: where one "
-            "tokenizer's token is a prefix of the other's longer tokens (digits, word pieces) the per-group "
-            "signal is corrected only on the teacher's side; on the embedded default it does not lift the student "
-            "yet, and at the same-family preset's learning rate it harms it (docs/cross_family.md)"
-        )
+        from distill.methods.cross_family import warning as cross_warning
+
+        assert isinstance(config.method, OPDMethod)
+        if note := cross_warning(config.method, config.student.name, config.teacher.name):
+            warnings.append(note)
     for warning in warnings:
         say(f"warning: {warning}")
     if warnings:

@@ -26,6 +26,7 @@ SEAM_FAILURE_WARN = 0.05
 
 GROUP_KEYS = (
     "kl/one_to_one_share",
+    "kl/topk_share",
     "kl/max_group_student",
     "kl/max_group_teacher",
     "bridge/supervised_share",

@@ -258,6 +258,14 @@ def print_table(table: Table, console: Any) -> None:
     console.print(out)
 
 
+def curve_label(table: Table, row: Row) -> str:
+    """A run's legend entry: its method, and its teacher where the runs differ in it (the same
+    method against another teacher, e.g. a cross-family pair, must not read like the same run)."""
+    if len({r.teacher for r in table.rows}) > 1:
+        return f"{row.run_id} ({row.method} <- {row.teacher})"
+    return f"{row.run_id} ({row.method})"
+
+
 def plot_curves(table: Table, path: Path) -> Path:
     """Eval curves of every run, one panel per benchmark."""
     from distill.diagnose.plots import draw, integer_steps, new_figure, save
@@ -270,7 +278,7 @@ def plot_curves(table: Table, path: Path) -> Path:
         for row in table.rows:
             for key, s in row.curves.items():
                 if key.split("/")[1] == bench:
-                    draw(ax, s, label=f"{row.run_id} ({row.method})")
+                    draw(ax, s, label=curve_label(table, row))
                     ylabel = key.split("/")[-1]
         integer_steps(ax)
         ax.set_xlabel("step")

@@ -9,7 +9,8 @@ bytes. A sample whose conversion is not lossless is a seam failure and is masked
 The batch carries the groups as per-student-token [B, T] tensors, so GRPO's shuffle and split
 along dim 0 keep working: `xf_group` (the token's group index in its row), `xf_weight` (1 where
 the group has tokens on both sides and the sample crossed cleanly), `xf_last` (the group's last
-student token), `xf_single` (a group of one token a side) and `teacher_logps` (the group's
+student token), `xf_single` (a token the mapped top-k supervises, a group of its own: one token a
+side, or split off a group below) and `teacher_logps` (the group's
 teacher logprob, the sum over its teacher tokens, at each of its student tokens). The student's
 group logprob, the sum over its tokens, is computed in the loss forward from the same pass that
 trains (differentiable): a scatter-add of the per-token logprobs into their groups and a gather
@@ -21,11 +22,17 @@ Signals per group, for A_g = coef * (logp_T(g) - logp_S(g)):
   gradient of sum_g A_g * logp_S(g) is exactly A_g on each of them. `last` puts it on the group's
   last token only (the gradient through the other tokens is dropped); for k1/k3 the same holds:
   the group value is unchanged, its gradient flows through the last token only.
-- forward_kl_topk: where a group is one token a side and both its boundaries mean the same on
-  both sides (tokenizer_bridge/boundary.py), KL(teacher || student) over the teacher's top-k
-  mapped into the student's vocabulary by identical bytes (GOLD-style; specials by role,
-  `granularity.vocab_map`, built once per pair); teacher mass on tokens the student does not have
-  goes to the tail bucket (`method.topk_tail`). Other groups fall back to the group-level
+- forward_kl_topk: KL(teacher || student) over the teacher's top-k read as a distribution over
+  the student's next token (tokenizer_bridge/projection.py, built once per pair): at a one-token
+  group whose boundaries mean the same on both sides, each teacher token goes to the student token
+  its bytes start with (the same bytes where the student has them, as GOLD maps them; specials by
+  role); inside a teacher token (the student's `1` `5` for its `15`) and right after one that
+  closed what the student's token left open (the `,` after a number), the byte-level conditional
+  with one token of lookahead. Such a group is split: each supervised student token becomes a
+  group of its own, and the rest keeps the group's teacher logprob less theirs. Teacher mass the
+  student cannot start with goes to the tail bucket (`method.topk_tail`). Tokens the top-k cannot
+  supervise (a group of several teacher tokens; a student token with longer alternatives ending
+  where the teacher's does not; a sampled token outside the top-k) keep the group-level
   sampled-token form k3, whose gradient has the forward KL's expectation: the same objective.
 The teacher's group logprobs carry boundary.py's correction where a group's end means different
 events on the two sides (a teacher token that closes a number the student's token leaves open).
@@ -67,6 +74,19 @@ def refusal(method: OnPolicyKL, student: str, teacher: str) -> str | None:
     return None
 
 
+def warning(method: OnPolicyKL, student: str, teacher: str) -> str | None:
+    """What a cross-family run should know before it starts (None: nothing). The sampled-token
+    forms train each byte group on one sampled token; only forward_kl_topk reads the teacher's whole
+    top-k at byte level, and only it lifted the student on the embedded default (docs/cross_family.md)."""
+    if method.loss == "forward_kl_topk":
+        return None
+    return (
+        f"cross-family OPD ({student} <- {teacher}) with method.loss={method.loss} trains each byte group on "
+        "one sampled token; on the embedded default only method.loss=forward_kl_topk, which reads the "
+        "teacher's top-k at byte level, lifts the student (docs/cross_family.md)"
+    )
+
+
 class CrossFamily:
     """The pair's bridge, vocabulary map and group settings, built once per run."""
 
@@ -75,16 +95,16 @@ class CrossFamily:
     ) -> None:
         from distill.tokenizer_bridge.boundary import prefix_index
         from distill.tokenizer_bridge.bridge import TokenizerBridge
-        from distill.tokenizer_bridge.granularity import vocab_map
+        from distill.tokenizer_bridge.projection import Projection
 
         self.bridge = TokenizerBridge(student, teacher)
         self.mode = method.group_advantage
         # What a boundary means on each side (tokenizer_bridge/boundary.py), built once per pair.
         self.teacher_prefix = prefix_index(teacher)
         self.student_signature = prefix_index(student).signature
-        self.map_V: torch.Tensor | None = None
+        self.projection: Projection | None = None
         if method.loss == "forward_kl_topk":
-            self.map_V = torch.tensor(vocab_map(student, teacher), dtype=torch.long)
+            self.projection = Projection(student, teacher)
 
     def align(self, completion_rows: list[list[int]]) -> list[AlignedSample]:
         from distill.tokenizer_bridge.granularity import align_sample
@@ -109,13 +129,20 @@ class CrossFamily:
         logps_B_Tt = teacher.logprobs_B_T.detach().float().cpu()
         corr_B_Tt = self._corrections(samples, teacher, logps_B_Tt)
         singles: list[tuple[int, int, int]] = []  # (row, student position, teacher position)
-        for b, (sample, n) in enumerate(zip(samples, lengths, strict=True)):
-            clean = _clean_groups(self.boundaries_differ(sample))
-            singles += _place_row(out, b, sample, n, logps_B_Tt[b] + corr_B_Tt[b], clean)
-        if self.map_V is not None:
+        differ_rows = [self.boundaries_differ(sample) for sample in samples]
+        for b, (sample, n, differ) in enumerate(zip(samples, lengths, differ_rows, strict=True)):
+            singles += _place_row(out, b, sample, n, logps_B_Tt[b] + corr_B_Tt[b], _clean_groups(differ))
+        if self.projection is not None:
             out.update(self._topk(teacher, singles, B, T))
+            for b, (sample, differ) in enumerate(zip(samples, differ_rows, strict=True)):
+                self._project_row(out, b, sample, differ, teacher, logps_B_Tt[b])
+                _renumber(out, b, lengths[b])
+        figures = _metrics(samples, out["xf_weight"], lengths)
+        if self.projection is not None:  # how much of the supervised text the top-k reaches
+            on = out["xf_weight"] > 0
+            figures["kl/topk_share"] = float((out["xf_single"] & on).sum()) / max(float(on.sum()), 1.0)
         device = mask_B_T.device
-        return {k: v.to(device) for k, v in out.items()}, _metrics(samples, out["xf_weight"], lengths)
+        return {k: v.to(device) for k, v in out.items()}, figures
 
     def _corrections(
         self, samples: list[AlignedSample], teacher: TokenScores, logps_B_Tt: torch.Tensor
@@ -157,22 +184,92 @@ class CrossFamily:
     def _topk(
         self, teacher: TokenScores, singles: list[tuple[int, int, int]], B: int, T: int
     ) -> dict[str, torch.Tensor]:
-        """The teacher's top-k at the one-token groups, in student ids (-1: the student has no
-        token with those bytes); zeros elsewhere."""
-        assert self.map_V is not None
+        """The teacher's top-k at the one-token groups, projected onto the student's next token
+        (tokenizer_bridge/projection.py; -1: no student token those bytes start with); zeros
+        elsewhere."""
+        assert self.projection is not None
         ids_B_Tt_K, logps_B_Tt_K = (t.detach().cpu() for t in teacher.topk())
         K = ids_B_Tt_K.shape[-1]
         ids_B_T_K = torch.full((B, T, K), -1, dtype=torch.long)
         logps_B_T_K = torch.zeros((B, T, K))
         if singles:
             b, s, t = torch.tensor(singles, dtype=torch.long).unbind(1)
-            theirs_N_K = ids_B_Tt_K[b, t]
-            inside = theirs_N_K < self.map_V.numel()
-            ids_B_T_K[b, s] = torch.where(
-                inside, self.map_V[theirs_N_K.clamp(max=self.map_V.numel() - 1)], -1
+            ids_B_T_K[b, s], logps_B_T_K[b, s] = self.projection.at_boundary(
+                ids_B_Tt_K[b, t], logps_B_Tt_K[b, t]
             )
-            logps_B_T_K[b, s] = logps_B_Tt_K[b, t].float()
         return {"teacher_topk_ids": ids_B_T_K, "teacher_topk_logps": logps_B_T_K}
+
+    def _project_row(
+        self,
+        out: dict[str, torch.Tensor],
+        b: int,
+        sample: AlignedSample,
+        differ: list[bool],
+        teacher: TokenScores,
+        logps_Tt: torch.Tensor,
+    ) -> None:
+        """The groups of one teacher token that are not a clean one-token pair (the student's
+        `1` `5` for the teacher's `15`; the student's `,` after a teacher token that closed a
+        number): each of their student tokens, from the first, gets the teacher's byte-level
+        distribution over its next token (projection.py) and becomes a group of its own; the
+        rest of the group keeps the group's teacher logprob less the teacher's logprobs of the
+        split tokens. The walk stops at a token with a longer student alternative that ends where
+        the teacher's token does not (its meaning is not "the next bytes start with these") or
+        one the teacher's top-k does not reach."""
+        assert self.projection is not None
+        proj, sig = self.projection, self.student_signature
+        ids_Tt_K, logps_Tt_K = (t[b].detach().cpu() for t in teacher.topk())
+        single_T = out["xf_single"][b].tolist()  # a Python list: one lookup per group, 16k-token rows
+        for i, g in enumerate(sample.groups):
+            if g.teacher_len != 1 or g.special is not None or single_T[g.s0]:
+                continue
+            u, taken = sample.teacher_ids[g.t0], 0.0
+            for j in range(g.s0, g.s1):
+                sampled = sample.student_ids[j]
+                # A token that may end where the teacher's does not, with longer alternatives of
+                # its own the teacher's tokens could not tell apart: not "the next bytes start
+                # with these" alone. Where both ends mean the same, the map holds as at any boundary.
+                if sig[sampled] != 0 and (j < g.s1 - 1 or differ[i]):
+                    break
+                if j > g.s0:  # inside u, after the group's first j - s0 student tokens
+                    prefix = b"".join(proj.student_bytes[x] for x in sample.student_ids[g.s0 : j])
+                    target = proj.after_prefix(
+                        prefix, u, float(logps_Tt[g.t0]), (ids_Tt_K[g.t0], logps_Tt_K[g.t0]), None
+                    )
+                elif i > 0 and differ[i - 1]:  # right after a teacher token that closed more
+                    t_prev, prev = (
+                        sample.groups[i - 1].t1 - 1,
+                        sample.teacher_ids[sample.groups[i - 1].t1 - 1],
+                    )
+                    target = proj.after_prefix(
+                        proj.teacher_bytes[prev],
+                        prev,
+                        float(logps_Tt[t_prev]),
+                        (ids_Tt_K[t_prev], logps_Tt_K[t_prev]),
+                        (ids_Tt_K[g.t0], logps_Tt_K[g.t0]),
+                    )
+                else:  # a boundary that means the same on both sides
+                    ids_K, logps_K = proj.at_boundary(ids_Tt_K[g.t0][None], logps_Tt_K[g.t0][None])
+                    target = ids_K[0], logps_K[0]
+                hit = (target[0] == sampled).nonzero()
+                if not len(hit):
+                    break
+                q = float(target[1][int(hit[0])])
+                out["teacher_topk_ids"][b, j], out["teacher_topk_logps"][b, j] = target
+                out["xf_single"][b, j], out["xf_last"][b, j] = True, 1.0
+                out["teacher_logps"][b, j] = q
+                taken += q
+            out["teacher_logps"][b, g.s0 : g.s1] -= torch.where(out["xf_single"][b, g.s0 : g.s1], 0.0, taken)
+
+
+def _renumber(out: dict[str, torch.Tensor], b: int, n: int) -> None:
+    """A row's group index after splits: a new group at every change of group and at every token
+    that is a group of its own (`xf_single`), so the indices stay within the row (< T)."""
+    group_T, single_T = out["xf_group"][b, :n], out["xf_single"][b, :n]
+    starts_T = torch.ones(n, dtype=torch.long)
+    if n > 1:
+        starts_T[1:] = ((group_T[1:] != group_T[:-1]) | single_T[1:] | single_T[:-1]).long()
+    out["xf_group"][b, :n] = starts_T.cumsum(0) - 1
 
 
 def _clean_groups(differ: list[bool]) -> list[bool]:

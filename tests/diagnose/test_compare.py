@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from distill.diagnose import load_run
-from distill.diagnose.compare import build_table, plot_curves, to_csv, to_json, to_markdown
+from distill.diagnose.compare import build_table, curve_label, plot_curves, to_csv, to_json, to_markdown
 
 from .conftest import MakeRun
 from .fake_runs import eval_rows
@@ -92,3 +92,22 @@ def test_plot_of_eval_curves(rlve_runs: list[str], tmp_path: Path) -> None:
     path = plot_curves(table, tmp_path / "compare" / "c.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert set(table.rows[0].curves) == {"eval/rlve/avg@8"}
+
+
+def test_curve_labels_name_the_teacher_only_where_the_runs_differ_in_it(
+    rlve_runs: list[str], make_run: MakeRun
+) -> None:
+    same = build_table([load_run(r) for r in rlve_runs])
+    assert [curve_label(same, r) for r in same.rows][1] == "opd-fp32 (opd)"
+    make_run(
+        "opd-llama",
+        method={"name": "opd"},
+        config={"student.name": "/models/Qwen3-1.7B", "teacher.name": "zoo:teacher-llama"},
+        summary={"student_after": RLVE["opd-fp32"], "steps": 140},
+        metrics=[eval_rows("rlve", 140, RLVE["opd-fp32"])],
+    )
+    mixed = build_table([load_run("opd-fp32"), load_run("opd-llama")])
+    assert [curve_label(mixed, r) for r in mixed.rows] == [
+        "opd-fp32 (opd <- Qwen/Qwen3-32B)",
+        "opd-llama (opd <- zoo:teacher-llama)",
+    ]

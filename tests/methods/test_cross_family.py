@@ -15,7 +15,7 @@ import torch
 
 from distill.config import OPDMethod, RunConfig
 from distill.domains import build_domain
-from distill.engines.base import right_pad
+from distill.engines.base import TokenScores, right_pad
 from distill.engines.hf import HFEngine
 from distill.methods import on_policy
 from distill.methods.context import RunContext
@@ -105,9 +105,9 @@ def test_one_tokenizer_through_the_cross_path_equals_same_family(
     batch = rollout(student)
     cross = CrossFamily(student.tokenizer, teacher.tokenizer, method)
     assert cross.bridge.same
-    if cross.map_V is not None:  # the vocabulary map of a tokenizer onto itself is the identity
+    if cross.projection is not None:  # the vocabulary map of a tokenizer onto itself is the identity
         vocab = len(student.tokenizer)
-        assert torch.equal(cross.map_V[:vocab], torch.arange(vocab))
+        assert torch.equal(cross.projection.map_V[:vocab], torch.arange(vocab))
     plain = trainer(method, None, teacher)
     ref = on_policy.divergence_loss(plain, student.model, same_family_inputs(batch, teacher, 6))
     ref.backward()
@@ -185,11 +185,11 @@ def test_cross_family_pair_groups_and_vocabulary_map(engines: dict[str, HFEngine
     student, llama = engines["student"], engines["llama"]
     method = OPDMethod(loss="forward_kl_topk", top_k=8)
     cross = CrossFamily(student.tokenizer, llama.tokenizer, method)
-    assert not cross.bridge.same and cross.map_V is not None
+    assert not cross.bridge.same and cross.projection is not None
     s_tok, t_tok = student.tokenizer, llama.tokenizer
     # Specials by role: the teacher's eos maps to the student's eos; a digit to the same digit.
-    assert int(cross.map_V[t_tok.eos_token_id]) == s_tok.eos_token_id
-    assert int(cross.map_V[t_tok.convert_tokens_to_ids("7")]) == s_tok.convert_tokens_to_ids("7")
+    assert int(cross.projection.map_V[t_tok.eos_token_id]) == s_tok.eos_token_id
+    assert int(cross.projection.map_V[t_tok.convert_tokens_to_ids("7")]) == s_tok.convert_tokens_to_ids("7")
     text = "smallest 123, left 45 6.\n\\boxed{123}"
     ids = list(s_tok(text, add_special_tokens=False)["input_ids"]) + [s_tok.eos_token_id]
     batch = {"completions": [ids], "completion_mask": torch.ones(1, len(ids), dtype=torch.long)}
@@ -268,6 +268,61 @@ def _run(
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def _made_up_teacher(t_tok: Any, teacher_ids: list[int], K: int = 8) -> TokenScores:
+    """The teacher's scores, made up so that the top-k reaches every token: at each position its
+    own token 0.5, up to three tokens extending its bytes 0.1 each, other tokens 0.01 each."""
+    from distill.tokenizer_bridge.projection import byte_table
+
+    data = byte_table(t_tok)
+    ids_T_K, probs_T_K = [], []
+    for a in teacher_ids:
+        longer = [i for i, b in enumerate(data) if i != a and data[a] and b.startswith(data[a])][:3]
+        rest = [i for i in range(len(data)) if data[i] and i != a and i not in longer][: K - 1 - len(longer)]
+        ids_T_K.append([a, *longer, *rest])
+        probs_T_K.append([0.5] + [0.1] * len(longer) + [0.01] * len(rest))
+    probs = torch.tensor(probs_T_K)[None]
+    return TokenScores(
+        probs[..., 0].log(), torch.ones(1, len(teacher_ids)), torch.tensor(ids_T_K)[None], probs.log()
+    )
+
+
+def test_digits_of_one_teacher_token_are_supervised_one_by_one(engines: dict[str, HFEngine]) -> None:
+    """The teacher's "123" for the student's "1" "2" "3": each digit becomes a group of its own with
+    the teacher's byte-level distribution over the next digit (tokenizer_bridge/projection.py), and
+    the teacher logprobs of the split tokens add up to the group's: nothing is lost or counted twice."""
+    s_tok, t_tok = engines["student"].tokenizer, engines["llama"].tokenizer
+    cross = CrossFamily(s_tok, t_tok, OPDMethod(loss="forward_kl_topk", top_k=8))
+    ids = list(s_tok("smallest 123, left 45 6.", add_special_tokens=False)["input_ids"]) + [
+        s_tok.eos_token_id
+    ]
+    sample = cross.align([ids])[0]
+    scores = _made_up_teacher(t_tok, sample.teacher_ids)
+    inputs, figures = cross.targets([sample], scores, torch.ones(1, len(ids), dtype=torch.long))
+    whole, _ = CrossFamily(s_tok, t_tok, OPDMethod(loss="k3")).targets(
+        [sample], scores, torch.ones(1, len(ids))
+    )
+    single, ids_T_K, logps_T_K = (
+        inputs["xf_single"][0],
+        inputs["teacher_topk_ids"][0],
+        inputs["teacher_topk_logps"][0],
+    )
+    split = [g for g in sample.groups if g.student_len > 1 and g.teacher_len == 1]
+    assert split, "the zoo's llama-style tokenizer writes some number of the text as one token"
+    for g in split:
+        assert bool(single[g.s0 : g.s1].all()), g
+        got = float(inputs["teacher_logps"][0, g.s0 : g.s1].sum())
+        assert got == pytest.approx(float(whole["teacher_logps"][0, g.s0]), abs=1e-5)  # the group's
+        for j in range(g.s0, g.s1):
+            mapped = ids_T_K[j] >= 0
+            assert float(logps_T_K[j][mapped].exp().sum()) <= 1 + 1e-5
+            assert float(inputs["teacher_logps"][0, j]) == pytest.approx(
+                float(logps_T_K[j][ids_T_K[j] == ids[j]])
+            )
+    digits = [j for j, i in enumerate(ids) if s_tok.decode([i]).isdigit()]
+    assert all(bool(single[j]) for j in digits)
+    assert figures["kl/topk_share"] == pytest.approx(float(single.float().mean()))
+
+
 @pytest.mark.parametrize("loss", ["token_reward_direct", "forward_kl_topk"])
 def test_forced_cross_path_trains_exactly_like_same_family(tmp_path: Path, tiny_zoo: Any, loss: str) -> None:
     """Through the real TRL trainer (GRPO's shuffle and split of the batch included), 2 steps."""
@@ -280,6 +335,7 @@ def test_forced_cross_path_trains_exactly_like_same_family(tmp_path: Path, tiny_
         for key in ("train/loss", "kl/reverse_kl_mean", "kl/advantage_mean", "train/grad_norm"):
             assert b[key] == pytest.approx(a[key], abs=TOL), key
         assert b["kl/aligned_share"] == 1.0 and b["bridge/seam_failure_rate"] == 0.0
+        assert b.get("kl/topk_share", 1.0) == 1.0  # one tokenizer: the top-k reaches every token
 
 
 @pytest.mark.parametrize("loss", ["token_reward_direct", "k3", "forward_kl_topk"])
@@ -298,3 +354,13 @@ def test_cross_family_pair_trains_and_logs_alignment(tmp_path: Path, tiny_zoo: A
 def test_jsd_is_refused_cross_family(tmp_path: Path, tiny_zoo: Any) -> None:
     with pytest.raises(ValueError, match="jsd compares full distributions over one shared vocabulary"):
         _run(tmp_path, tiny_zoo, (tiny_zoo.student, tiny_zoo.teacher_llama), {"loss": "jsd"}, "jsd")
+
+
+def test_a_sampled_token_loss_is_warned_and_the_mapped_top_k_is_not() -> None:
+    from distill.methods.cross_family import warning
+
+    assert warning(OPDMethod(loss="forward_kl_topk"), "zoo:student", "zoo:teacher-llama") is None
+    for loss in ("token_reward_direct", "k1", "k3"):
+        note = warning(OPDMethod(loss=loss), "zoo:student", "zoo:teacher-llama")
+        assert note and f"method.loss={loss}" in note and "forward_kl_topk" in note
+        assert "zoo:student <- zoo:teacher-llama" in note
