@@ -284,3 +284,13 @@ def test_packed_batch_gives_the_padded_loss_and_gradients(tiny_zoo: Any, arch: s
         torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-6)
     # Same labelled tokens: each example's labels once, none at a seam.
     assert int((packed["labels"] != -100).sum()) == sum(sum(x != -100 for x in lab[1:]) for _, lab in batch)
+
+
+def test_a_privileged_recipe_is_refused_for_an_episodic_domain_before_anything_exists(tmp_path: Path) -> None:
+    from distill.config import domain_config
+    from distill.zoo.recipes import student_shape
+
+    recipes = {"student-privileged": student_shape(steps=1, lr=1e-3, batch_size=1, privileged_share=1.0)}
+    with pytest.raises(ValueError, match="privileged_share is for single-turn domains, not sciworld"):
+        ensure_built(tmp_path, "student-privileged", domain_config("sciworld"), False, recipes)
+    assert not any(tmp_path.iterdir())
