@@ -14,8 +14,9 @@ top-k says the same thing in its own tokens, so it can be read at byte level:
   writes `1` `5` where the teacher wrote `15`; the student's `,` after `5` where the teacher's `5`
   said the number *is* 5): the teacher token u covering the bytes p just before the student's
   token was drawn from a distribution D_u. Among D_u's top-k, the tokens that extend p continue
-  with their remaining bytes (to the student token those start with), and u itself, when the
-  student's token starts right after it, continues with the teacher's next distribution:
+  with their remaining bytes (to the student token those start with), u among them when the
+  student's token starts inside it; when it starts right after u, u continues with the teacher's
+  next distribution D_next:
 
       P(next | p) = [ sum_{t in D_u, t extends p} P(t) * [sigma(t - p)]
                       + P(u) * sum_{t' in D_next} P(t') * [sigma(t')] ] / M(p)
