@@ -127,15 +127,19 @@ class CrossFamily:
             "teacher_logps": torch.zeros((B, T)),
         }
         logps_B_Tt = teacher.logprobs_B_T.detach().float().cpu()
-        corr_B_Tt = self._corrections(samples, teacher, logps_B_Tt)
-        singles: list[tuple[int, int, int]] = []  # (row, student position, teacher position)
+        # Scored without top-k (a sampled-token loss may be): the plain group sums, no projection.
+        scored = teacher.topk_ids_B_T_K is not None
+        topk = tuple(t.detach().cpu() for t in teacher.topk()) if scored else None
         differ_rows = [self.boundaries_differ(sample) for sample in samples]
+        corr_B_Tt = self._corrections(samples, differ_rows, topk, logps_B_Tt)
+        singles: list[tuple[int, int, int]] = []  # (row, student position, teacher position)
         for b, (sample, n, differ) in enumerate(zip(samples, lengths, differ_rows, strict=True)):
             singles += _place_row(out, b, sample, n, logps_B_Tt[b] + corr_B_Tt[b], _clean_groups(differ))
         if self.projection is not None:
-            out.update(self._topk(teacher, singles, B, T))
+            assert topk is not None, "forward_kl_topk scores the teacher with its top-k"
+            out.update(self._topk(topk, singles, B, T))
             for b, (sample, differ) in enumerate(zip(samples, differ_rows, strict=True)):
-                self._project_row(out, b, sample, differ, teacher, logps_B_Tt[b])
+                self._project_row(out, b, sample, differ, (topk[0][b], topk[1][b]), logps_B_Tt[b])
                 _renumber(out, b, lengths[b])
         figures = _metrics(samples, out["xf_weight"], lengths)
         if self.projection is not None:  # how much of the supervised text the top-k reaches
@@ -145,7 +149,11 @@ class CrossFamily:
         return {k: v.to(device) for k, v in out.items()}, figures
 
     def _corrections(
-        self, samples: list[AlignedSample], teacher: TokenScores, logps_B_Tt: torch.Tensor
+        self,
+        samples: list[AlignedSample],
+        differ_rows: list[list[bool]],
+        topk: tuple[torch.Tensor, ...] | None,
+        logps_B_Tt: torch.Tensor,
     ) -> torch.Tensor:
         """Per teacher position, what to add to its logprob so that each group scores the
         byte-level conditional (boundary.py): c(last) at a group's last teacher token where the
@@ -153,16 +161,15 @@ class CrossFamily:
         from distill.tokenizer_bridge.boundary import prefix_correction
 
         out_B_Tt = torch.zeros_like(logps_B_Tt)
-        if teacher.topk_ids_B_T_K is None:  # scored without top-k: the plain group sums
+        if topk is None:  # scored without top-k: the plain group sums
             return out_B_Tt
         ids_B_Tt = torch.zeros(logps_B_Tt.shape, dtype=torch.long)
         for b, sample in enumerate(samples):
             ids_B_Tt[b, : len(sample.teacher_ids)] = torch.tensor(sample.teacher_ids, dtype=torch.long)
-        topk_ids, topk_logps = (t.detach().cpu() for t in teacher.topk())
-        c_B_Tt = prefix_correction(self.teacher_prefix, ids_B_Tt, logps_B_Tt, topk_ids, topk_logps)
-        for b, sample in enumerate(samples):
+        c_B_Tt = prefix_correction(self.teacher_prefix, ids_B_Tt, logps_B_Tt, *topk)
+        for b, (sample, differ_G) in enumerate(zip(samples, differ_rows, strict=True)):
             previous = 0.0
-            for g, differ in zip(sample.groups, self.boundaries_differ(sample), strict=True):
+            for g, differ in zip(sample.groups, differ_G, strict=True):
                 if g.t1 <= g.t0 or g.s1 <= g.s0:
                     continue
                 c = float(c_B_Tt[b, g.t1 - 1]) if differ else 0.0
@@ -182,13 +189,13 @@ class CrossFamily:
         ]
 
     def _topk(
-        self, teacher: TokenScores, singles: list[tuple[int, int, int]], B: int, T: int
+        self, topk: tuple[torch.Tensor, ...], singles: list[tuple[int, int, int]], B: int, T: int
     ) -> dict[str, torch.Tensor]:
-        """The teacher's top-k at the one-token groups, projected onto the student's next token
-        (tokenizer_bridge/projection.py; -1: no student token those bytes start with); zeros
-        elsewhere."""
+        """The teacher's top-k (ids, logprobs [B, Tt, K] on the CPU) at the one-token groups,
+        projected onto the student's next token (tokenizer_bridge/projection.py; -1: no student
+        token those bytes start with); zeros elsewhere."""
         assert self.projection is not None
-        ids_B_Tt_K, logps_B_Tt_K = (t.detach().cpu() for t in teacher.topk())
+        ids_B_Tt_K, logps_B_Tt_K = topk
         K = ids_B_Tt_K.shape[-1]
         ids_B_T_K = torch.full((B, T, K), -1, dtype=torch.long)
         logps_B_T_K = torch.zeros((B, T, K))
@@ -205,7 +212,7 @@ class CrossFamily:
         b: int,
         sample: AlignedSample,
         differ: list[bool],
-        teacher: TokenScores,
+        topk_Tt: tuple[torch.Tensor, torch.Tensor],
         logps_Tt: torch.Tensor,
     ) -> None:
         """The groups of one teacher token that are not a clean one-token pair (the student's
@@ -218,7 +225,7 @@ class CrossFamily:
         one the teacher's top-k does not reach."""
         assert self.projection is not None
         proj, sig = self.projection, self.student_signature
-        ids_Tt_K, logps_Tt_K = (t[b].detach().cpu() for t in teacher.topk())
+        ids_Tt_K, logps_Tt_K = topk_Tt
         single_T = out["xf_single"][b].tolist()  # a Python list: one lookup per group, 16k-token rows
         for i, g in enumerate(sample.groups):
             if g.teacher_len != 1 or g.special is not None or single_T[g.s0]:
@@ -237,10 +244,8 @@ class CrossFamily:
                         prefix, u, float(logps_Tt[g.t0]), (ids_Tt_K[g.t0], logps_Tt_K[g.t0]), None
                     )
                 elif i > 0 and differ[i - 1]:  # right after a teacher token that closed more
-                    t_prev, prev = (
-                        sample.groups[i - 1].t1 - 1,
-                        sample.teacher_ids[sample.groups[i - 1].t1 - 1],
-                    )
+                    t_prev = sample.groups[i - 1].t1 - 1
+                    prev = sample.teacher_ids[t_prev]
                     target = proj.after_prefix(
                         proj.teacher_bytes[prev],
                         prev,

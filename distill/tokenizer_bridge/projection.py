@@ -33,7 +33,6 @@ second case is a Python loop over the (few) positions inside multi-byte teacher 
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -49,11 +48,19 @@ def projection_map(student: PreTrainedTokenizerBase, teacher: PreTrainedTokenize
     """teacher id -> the student id its token *starts with*: the student token with the same bytes
     where there is one (`granularity.vocab_map`: specials by role, one-to-one), otherwise the
     student's longest token whose bytes are a prefix of the teacher token's. -1: neither."""
+    return _projection_map(student, teacher, byte_table(teacher), PrefixLookup(byte_table(student)))
+
+
+def _projection_map(
+    student: PreTrainedTokenizerBase,
+    teacher: PreTrainedTokenizerBase,
+    teacher_bytes: list[bytes],
+    lookup: PrefixLookup,
+) -> list[int]:
     from distill.tokenizer_bridge.granularity import vocab_map
 
     out = vocab_map(student, teacher)
-    lookup = PrefixLookup(student)
-    for i, value in enumerate(byte_table(teacher)):
+    for i, value in enumerate(teacher_bytes):
         if out[i] < 0 and value and value not in lookup.by_bytes:
             out[i] = lookup.longest(value[:-1])
     return out
@@ -74,9 +81,9 @@ def byte_table(tokenizer: PreTrainedTokenizerBase) -> list[bytes]:
 class PrefixLookup:
     """The student's tokens by bytes: which token a run of bytes starts with."""
 
-    def __init__(self, student: PreTrainedTokenizerBase) -> None:
+    def __init__(self, student_bytes: list[bytes]) -> None:
         self.by_bytes: dict[bytes, int] = {}
-        for i, value in enumerate(byte_table(student)):
+        for i, value in enumerate(student_bytes):
             if value:
                 self.by_bytes.setdefault(value, i)
         self.longest_len = max(map(len, self.by_bytes), default=0)
@@ -113,10 +120,11 @@ class Projection:
     """A pair's byte-level reading of the teacher's top-k (module docstring), built once per run."""
 
     def __init__(self, student: PreTrainedTokenizerBase, teacher: PreTrainedTokenizerBase) -> None:
-        self.map_V = torch.tensor(projection_map(student, teacher), dtype=torch.long)
         self.teacher_bytes = byte_table(teacher)
         self.student_bytes = byte_table(student)
-        self.lookup = PrefixLookup(student)
+        self.lookup = PrefixLookup(self.student_bytes)
+        mapped = _projection_map(student, teacher, self.teacher_bytes, self.lookup)
+        self.map_V = torch.tensor(mapped, dtype=torch.long)
 
     def at_boundary(
         self, ids_N_K: torch.Tensor, logps_N_K: torch.Tensor
@@ -155,24 +163,12 @@ class Projection:
             entries.append((self.lookup.longest(self.teacher_bytes[u][len(prefix) :]), logp_u))
         log_m = torch.tensor(mass).logsumexp(0).item()
         K = len(ids_K)
-        entries = [(j, lp - log_m) for j, lp in entries if j >= 0]
-        ids, logps = _merge_small(entries)
-        order = sorted(range(len(ids)), key=lambda i: -logps[i])[:K]
-        out_ids = torch.full((K,), -1, dtype=torch.long)
-        out_logps = torch.full((K,), NO_MASS)
-        for slot, i in enumerate(order):
-            out_ids[slot], out_logps[slot] = ids[i], logps[i]
+        out_ids, out_logps = torch.full((K,), -1, dtype=torch.long), torch.full((K,), NO_MASS)
+        kept = [(j, lp - log_m) for j, lp in entries if j >= 0]
+        if kept:
+            ids_1_E, logps_1_E = merge_mapped(
+                torch.tensor([[j for j, _ in kept]]), torch.tensor([[lp for _, lp in kept]])
+            )
+            top = logps_1_E[0].topk(min(K, len(kept)))
+            out_ids[: len(top.indices)], out_logps[: len(top.indices)] = ids_1_E[0, top.indices], top.values
         return out_ids, out_logps
-
-
-def _merge_small(entries: list[tuple[int, float]]) -> tuple[list[int], list[float]]:
-    """(id, logprob) pairs -> one per id, probabilities summed (in log space)."""
-    merged: dict[int, float] = {}
-    for j, lp in entries:
-        merged[j] = lp if j not in merged else _logaddexp(merged[j], lp)
-    return list(merged), list(merged.values())
-
-
-def _logaddexp(a: float, b: float) -> float:
-    hi, lo = max(a, b), min(a, b)
-    return hi + math.log1p(math.exp(lo - hi))

@@ -121,7 +121,7 @@ def ensure_built(
 
     if recipes is None:
         recipes = recipes_for(domain_config.name)
-    _lookup(name, recipes, domain_config.name)
+    recipe = _lookup(name, recipes, domain_config.name)
     target = entry_dir(root, name, domain_config, recipes)
     lock = Path(str(target) + ".lock")
     if (target / "zoo.json").exists():
@@ -133,7 +133,6 @@ def ensure_built(
         if (target / "zoo.json").exists():
             return target
         remove_stale_builds(target)
-        recipe = _lookup(name, recipes)
         tmp = target.with_name(target.name + f".tmp-{os.getpid()}")
         tmp.mkdir(parents=True)
         if show_progress:
