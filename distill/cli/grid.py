@@ -76,7 +76,7 @@ def report(grid: Grid, final: bool = False) -> GridTable:
 def print_table(grid: Grid, table: GridTable, files: list[Path]) -> None:
     from rich.table import Table
 
-    from distill.diagnose.grid_table import header
+    from distill.diagnose.grid_table import header, student_notes
 
     out = console()
     spec = grid.spec
@@ -91,6 +91,8 @@ def print_table(grid: Grid, table: GridTable, files: list[Path]) -> None:
         cells = [f"[bold]{text}[/bold]" if best else text for text, best in table.entries(row)]
         rich_table.add_row(row, *cells, style="dim" if row not in table.methods else None)
     out.print(rich_table)
+    for line in student_notes(table):
+        out.print(f"  {line}")
     for d, budget in table.budgets.items():
         out.print(f"  budget {d}: {budget}")
     out.print("diagnose per cell:")

@@ -30,7 +30,10 @@ def teacher(
         float, typer.Option(help="share of (GPU or, on CPU, KV-cache) memory vLLM may take")
     ] = 0.1,
     threads: Annotated[
-        int | None, typer.Option(help="CPU only: OpenMP threads of the server (default: vLLM's own binding)")
+        int | None,
+        typer.Option(
+            help="CPU only: OpenMP threads of the server, its engine in one process (default: vLLM's own)"
+        ),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the command and exit")] = False,
 ) -> None:

@@ -11,6 +11,7 @@ import csv
 import io
 import math
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,9 @@ class GridTable:
     # cell label -> (status, diagnose counts, finding names at warning or above)
     cells: dict[str, tuple[str, dict[str, int], list[str]]] = field(default_factory=dict)
     budgets: dict[str, str] = field(default_factory=dict)
+    # (method, domain) -> its own cells' student before, first metric, one per seed: a scoped
+    # override may give one method another student (opsd:student.name=zoo:student-privileged).
+    befores: dict[tuple[str, str], list[float]] = field(default_factory=dict)
 
     def rows(self) -> list[str]:
         return [BEFORE, *self.methods, TEACHER]
@@ -59,9 +63,27 @@ class GridTable:
         return [m for m, v in means.items() if math.isclose(v, top, abs_tol=1e-12)]
 
     def lift(self, row: str, domain: str) -> float | None:
+        """Over the row's own student before where its cells have one, else the reference row."""
         key = self.columns[domain][0]
-        after, before = self.stats(row, domain, key), self.stats(BEFORE, domain, key)
-        return None if after is None or before is None else after[0] - before[0]
+        after, before = self.stats(row, domain, key), self.before(row, domain)
+        return None if after is None or before is None else after[0] - before
+
+    def before(self, row: str, domain: str) -> float | None:
+        own = self.befores.get((row, domain))
+        ref = self.stats(BEFORE, domain, self.columns[domain][0]) if self.columns[domain] else None
+        return statistics.fmean(own) if own else (ref[0] if ref else None)
+
+    def other_students(self) -> list[tuple[str, str, float]]:
+        """(method, domain, its before) for every method that started from another student than
+        the reference row's."""
+        out = []
+        for d in self.domains:
+            ref = self.stats(BEFORE, d, self.columns[d][0]) if self.columns[d] else None
+            for m in self.methods:
+                own = self.before(m, d)
+                if ref is not None and own is not None and not math.isclose(own, ref[0], abs_tol=1e-9):
+                    out.append((m, d, own))
+        return out
 
     def lift_at(self, row: str, domain: str, key: str) -> float | None:
         """The lift where it is shown: a method's row, in its domain's first column."""
@@ -127,7 +149,7 @@ def build(domains: list[str], methods: list[str], cells: list[tuple[Any, dict[st
             if isinstance(scores, dict) and isinstance(scores.get(key), int | float):
                 table.values.setdefault((row, domain, key), []).append(float(scores[key]))
 
-    refs: dict[tuple[str, str, int], Any] = {}
+    refs: dict[tuple[str, str, int], list[Any]] = {}
     for cell, summary in cells:
         diag = summary.get("diagnose") or {}
         table.cells[cell.label] = (
@@ -137,12 +159,28 @@ def build(domains: list[str], methods: list[str], cells: list[tuple[Any, dict[st
         )
         if summary.get("status") == "FINISHED":  # an unfinished cell has no final eval
             add(cell.method, cell.domain, summary.get("student_after"))
+        first = columns[cell.domain][0] if columns[cell.domain] else ""
+        before = (summary.get("student_before") or {}).get(first)
+        if isinstance(before, int | float):
+            table.befores.setdefault((cell.method, cell.domain), []).append(float(before))
         for row, part in ((BEFORE, "student_before"), (TEACHER, "teacher_score")):
             if summary.get(part) and not (row == TEACHER and cell.method == "opsd"):  # its teacher is itself
-                refs.setdefault((row, cell.domain, cell.seed), summary[part])
-    for (row, domain, _), scores in refs.items():
-        add(row, domain, scores)
+                refs.setdefault((row, cell.domain, cell.seed), []).append(summary[part])
+    for (row, domain, _), candidates in refs.items():
+        # The student most cells of this seed started from (a method may have had its own).
+        first = columns[domain][0] if columns[domain] else ""
+        counts = Counter(str(c.get(first)) for c in candidates)
+        add(row, domain, max(candidates, key=lambda c: counts[str(c.get(first))]))
     return table
+
+
+def student_notes(table: GridTable) -> list[str]:
+    """One line per method that started from another student than the reference row's."""
+    return [
+        f"{m} on {d} started from another student ({header(table.columns[d][0])} "
+        f"{_fmt(table.columns[d][0], before)} before): its lift is over that."
+        for m, d, before in table.other_students()
+    ]
 
 
 def to_markdown(table: GridTable) -> str:
@@ -155,6 +193,7 @@ def to_markdown(table: GridTable) -> str:
     return (
         "\n".join(lines)
         + "\n\nMean ± std over seeds; (+x): lift over the student before.\n"
+        + "".join(line + "\n" for line in student_notes(table))
         + ("Budgets per domain:\n" + "\n".join(notes) + "\n" if notes else "")
     )
 

@@ -70,6 +70,26 @@ def test_means_spreads_lifts_and_best() -> None:
     assert metrics["grid/rlve/student_before/avg@1"] == pytest.approx(0.45)
 
 
+def test_a_method_with_its_own_student_is_lifted_over_its_own_before() -> None:
+    """`opsd:student.name=zoo:student-privileged`: OPSD's lift is over its own student, listed first
+    here, while the reference row stays the student most cells started from."""
+    cells = [
+        (Cell("rlve", "opsd", 0), _summary(0.665, 0.75, teacher=0.81)),
+        (Cell("rlve", "sft", 0), _summary(0.45, 0.75)),
+        (Cell("rlve", "opd", 0), _summary(0.45, 0.70)),
+    ]
+    table = build(["rlve"], ["sft", "opd", "opsd"], cells)
+    assert table.values[(BEFORE, "rlve", "avg@1")] == [0.45]
+    assert table.lift("opsd", "rlve") == pytest.approx(0.085)
+    assert table.lift("sft", "rlve") == pytest.approx(0.30)
+    assert table.text("opsd", "rlve", "avg@1") == "75.0 (+8.5)"
+    assert table.other_students() == [("opsd", "rlve", pytest.approx(0.665))]
+    md = to_markdown(table)
+    assert "opsd on rlve started from another student (avg@1 % 66.5 before)" in md
+    assert "sft on rlve" not in md
+    assert mlflow_metrics(table)["grid/rlve/opsd/lift"] == pytest.approx(0.085)
+
+
 def test_unfinished_cells_count_in_no_mean_and_domains_keep_their_own_metrics(tmp_path: Path) -> None:
     cells = [
         (Cell("rlve", "opd", 0), _summary(0.45, None, status="RUNNING")),

@@ -138,8 +138,23 @@ def test_serve_command_flags() -> None:
         "--dtype float32",
         "--gpu-memory-utilization 0.1",
         "--host 127.0.0.1",
+        "--enable-scale-out",
     ):
         assert flag in joined
+
+
+def test_serve_env_on_a_shared_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from distill.engines.vllm_server import serve_env
+
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    shared = serve_env(2)
+    assert (shared["OMP_NUM_THREADS"], shared["VLLM_CPU_OMP_THREADS_BIND"]) == ("2", "nobind")
+    # With threads given, the engine runs in the API server's process (no busy-polling worker).
+    assert shared["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and "PYTHONPATH" not in shared
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in serve_env()  # vLLM's own defaults (a GPU)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # the caller's choice wins
+    assert serve_env(2)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
 
 
 def test_cli_serve_teacher_dry_run_resolves_the_model(tiny_zoo: Any, tmp_path: Path) -> None:
@@ -252,6 +267,9 @@ class _WrongServer:
                         {"tokens": tokenizer(request["prompt"], add_special_tokens=False)["input_ids"]}
                     )
                     return
+                if self.path != "/v1/completions":  # like a vLLM server without --enable-scale-out
+                    self.send_error(404)
+                    return
                 choices = [
                     {
                         "index": i,
@@ -273,6 +291,7 @@ def test_length_mismatch_from_the_server_is_an_error_naming_url_and_row(tiny_zoo
     fake = _WrongServer(AutoTokenizer.from_pretrained(str(tiny_zoo.teacher)))
     try:
         engine = ServerEngine.load(str(tiny_zoo.teacher), fake.url, ServerClientConfig(batch_size=2))
+        assert not engine.tokens_route  # the probe's 404: scoring goes to /v1/completions
         prompts = [engine.prompt_ids(p) for p in ("a", "b", "c")]
         with pytest.raises(
             ServerError, match=rf"{fake.url}: row 0 has {len(prompts[0])} prompt \+ 2 completion"

@@ -98,6 +98,24 @@ def test_server_logprobs_match_hf(engines: tuple[HFEngine, ServerEngine]) -> Non
     assert same > 0.95, same
 
 
+def test_both_scoring_routes_give_the_same_scores(engines: tuple[HFEngine, ServerEngine]) -> None:
+    """`distill serve teacher` enables vLLM's tokens route and the engine scores there; a server
+    without it (any `vllm serve`) is scored over /v1/completions, to the same numbers."""
+    hf, server = engines
+    assert server.tokens_route and server.describe()["scoring_route"] == "/inference/v1/generate"
+    torch.manual_seed(1)
+    prompts, completions = _rows(hf)
+    tokens = server.score(prompts, completions, top_k=4)
+    server.tokens_route = False
+    try:
+        plain = server.score(prompts, completions, top_k=4)
+    finally:
+        server.tokens_route = True
+    assert torch.equal(tokens.mask_B_T, plain.mask_B_T)
+    assert (tokens.logprobs_B_T - plain.logprobs_B_T).abs().max() < 1e-5
+    assert (tokens.topk()[1] - plain.topk()[1]).abs().max() < 1e-5
+
+
 def test_server_generate_matches_hf_greedy(engines: tuple[HFEngine, ServerEngine]) -> None:
     hf, server = engines
     prompts = [hf.prompt_ids(p) for p in PROMPTS]
@@ -118,8 +136,19 @@ def test_bad_rows_are_errors_naming_the_server(
 ) -> None:
     hf, server = engines
     prompts = [hf.prompt_ids(p) for p in PROMPTS[:2]]
-    with pytest.raises(ServerError, match=rf"{served.url}/v1/completions refused score rows 0-1: HTTP 400"):
-        server.score(prompts, [[1, 2], [len(hf.tokenizer) + 50]])  # an id outside the vocabulary
+    bad = [[1, 2], [len(hf.tokenizer) + 50]]  # an id outside the vocabulary
+    with pytest.raises(
+        ServerError, match=rf"{served.url}/inference/v1/generate refused score row 1: HTTP 400"
+    ):
+        server.score(prompts, bad)
+    server.tokens_route = False
+    try:
+        with pytest.raises(
+            ServerError, match=rf"{served.url}/v1/completions refused score rows 0-1: HTTP 400"
+        ):
+            server.score(prompts, bad)
+    finally:
+        server.tokens_route = True
     with pytest.raises(ValueError, match="2 prompts but 1 completions"):
         server.score(prompts, [[1, 2]])
 
