@@ -70,18 +70,22 @@ class GridTable:
 
     def before(self, row: str, domain: str) -> float | None:
         own = self.befores.get((row, domain))
+        return statistics.fmean(own) if own else self._reference(domain)
+
+    def _reference(self, domain: str) -> float | None:
+        """The reference row's mean in the domain's first column."""
         ref = self.stats(BEFORE, domain, self.columns[domain][0]) if self.columns[domain] else None
-        return statistics.fmean(own) if own else (ref[0] if ref else None)
+        return ref[0] if ref else None
 
     def other_students(self) -> list[tuple[str, str, float]]:
         """(method, domain, its before) for every method that started from another student than
         the reference row's."""
         out = []
         for d in self.domains:
-            ref = self.stats(BEFORE, d, self.columns[d][0]) if self.columns[d] else None
+            ref = self._reference(d)
             for m in self.methods:
                 own = self.before(m, d)
-                if ref is not None and own is not None and not math.isclose(own, ref[0], abs_tol=1e-9):
+                if ref is not None and own is not None and not math.isclose(own, ref, abs_tol=1e-9):
                     out.append((m, d, own))
         return out
 
@@ -149,6 +153,7 @@ def build(domains: list[str], methods: list[str], cells: list[tuple[Any, dict[st
             if isinstance(scores, dict) and isinstance(scores.get(key), int | float):
                 table.values.setdefault((row, domain, key), []).append(float(scores[key]))
 
+    firsts = {d: keys[0] if keys else "" for d, keys in columns.items()}
     refs: dict[tuple[str, str, int], list[Any]] = {}
     for cell, summary in cells:
         diag = summary.get("diagnose") or {}
@@ -159,8 +164,7 @@ def build(domains: list[str], methods: list[str], cells: list[tuple[Any, dict[st
         )
         if summary.get("status") == "FINISHED":  # an unfinished cell has no final eval
             add(cell.method, cell.domain, summary.get("student_after"))
-        first = columns[cell.domain][0] if columns[cell.domain] else ""
-        before = (summary.get("student_before") or {}).get(first)
+        before = (summary.get("student_before") or {}).get(firsts[cell.domain])
         if isinstance(before, int | float):
             table.befores.setdefault((cell.method, cell.domain), []).append(float(before))
         for row, part in ((BEFORE, "student_before"), (TEACHER, "teacher_score")):
@@ -168,9 +172,8 @@ def build(domains: list[str], methods: list[str], cells: list[tuple[Any, dict[st
                 refs.setdefault((row, cell.domain, cell.seed), []).append(summary[part])
     for (row, domain, _), candidates in refs.items():
         # The student most cells of this seed started from (a method may have had its own).
-        first = columns[domain][0] if columns[domain] else ""
-        counts = Counter(str(c.get(first)) for c in candidates)
-        add(row, domain, max(candidates, key=lambda c: counts[str(c.get(first))]))
+        counts = Counter(c.get(firsts[domain]) for c in candidates)
+        add(row, domain, max(candidates, key=lambda c: counts[c.get(firsts[domain])]))
     return table
 
 
