@@ -253,28 +253,39 @@ def plot(table: GridTable, path: Path) -> Path:
 
     fig, axes = plt.subplots(1, len(table.domains), figsize=(4.2 * len(table.domains), 3.6), squeeze=False)
     for ax, d in zip(axes[0], table.domains, strict=True):
-        key = table.columns[d][0] if table.columns[d] else None
-        if key is None:
-            ax.set_title(f"{d}: no results yet")
-            continue
-        scale = 100.0 if _percent(key) else 1.0  # the axis in the table's units
-        stats = [table.stats(m, d, key) for m in table.methods]
-        means = [scale * s[0] if s else 0.0 for s in stats]
-        errs = [scale * (s[1] or 0.0) if s else 0.0 for s in stats]
-        bars = ax.bar(table.methods, means, yerr=errs, capsize=4, color="tab:blue", alpha=0.8)
-        for bar, s in zip(bars, stats, strict=True):
-            if s is None:
-                bar.set_alpha(0.15)
-        for row, style in ((BEFORE, "tab:gray"), (TEACHER, "tab:green")):
-            ref = table.stats(row, d, key)
-            if ref is not None:
-                ax.axhline(scale * ref[0], linestyle="--", color=style, label=row)
-        ax.set_title(f"{d}: {header(key)}")
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+        draw_panel(ax, table, d)
     fig.suptitle("distill grid: final eval per method (mean ± std over seeds)", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def draw_panel(ax: Any, table: GridTable, d: str) -> None:
+    """Domain `d`'s panel. A method that started from another student gets its own "before" as a
+    dotted mark across its bar: against the common line its bar would show a lift it never made."""
+    key = table.columns[d][0] if table.columns[d] else None
+    if key is None:
+        ax.set_title(f"{d}: no results yet")
+        return
+    scale = 100.0 if _percent(key) else 1.0  # the axis in the table's units
+    stats = [table.stats(m, d, key) for m in table.methods]
+    means = [scale * s[0] if s else 0.0 for s in stats]
+    errs = [scale * (s[1] or 0.0) if s else 0.0 for s in stats]
+    bars = ax.bar(table.methods, means, yerr=errs, capsize=4, color="tab:blue", alpha=0.8)
+    for bar, s in zip(bars, stats, strict=True):
+        if s is None:
+            bar.set_alpha(0.15)
+    for row, style in ((BEFORE, "tab:gray"), (TEACHER, "tab:green")):
+        ref = table.stats(row, d, key)
+        if ref is not None:
+            ax.axhline(scale * ref[0], linestyle="--", color=style, label=row)
+    own = {m: before for m, dom, before in table.other_students() if dom == d}
+    for i, m in enumerate(m for m in table.methods if m in own):
+        x = table.methods.index(m)  # categorical bars sit at 0, 1, ... and are 0.8 wide
+        label = "own student (before)" if i == 0 else None
+        ax.hlines(scale * own[m], x - 0.4, x + 0.4, colors="black", linestyles=":", linewidth=2, label=label)
+    ax.set_title(f"{d}: {header(key)}")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")  # bars reach anywhere from the floor to the teacher

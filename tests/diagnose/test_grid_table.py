@@ -12,6 +12,7 @@ from distill.diagnose.grid_table import (
     BEFORE,
     TEACHER,
     build,
+    draw_panel,
     metric_keys,
     mlflow_metrics,
     plot,
@@ -88,6 +89,26 @@ def test_a_method_with_its_own_student_is_lifted_over_its_own_before() -> None:
     assert "opsd on rlve started from another student (avg@1 % 66.5 before)" in md
     assert "sft on rlve" not in md
     assert mlflow_metrics(table)["grid/rlve/opsd/lift"] == pytest.approx(0.085)
+
+
+def test_the_plot_marks_a_methods_own_student_across_its_bar() -> None:
+    """Against the common "student (before)" line alone, OPSD's bar would show a 30-point lift."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = [
+        (Cell("rlve", "sft", 0), _summary(0.45, 0.75)),
+        (Cell("rlve", "opsd", 0), _summary(0.665, 0.75, teacher=0.81)),
+    ]
+    fig, ax = plt.subplots()
+    draw_panel(ax, build(["rlve"], ["sft", "opsd"], cells), "rlve")
+    (marks,) = [c for c in ax.collections if c.get_label() == "own student (before)"]  # OPSD's only
+    ((x0, y0), (x1, y1)) = marks.get_segments()[0]
+    assert (x0, x1) == pytest.approx((0.6, 1.4)) and y0 == y1 == pytest.approx(66.5)
+    assert "own student (before)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    plt.close(fig)
 
 
 def test_unfinished_cells_count_in_no_mean_and_domains_keep_their_own_metrics(tmp_path: Path) -> None:

@@ -44,8 +44,11 @@ def test_registry_and_config() -> None:
     assert isinstance(build_domain(cfg), DapoDomain)
     with pytest.raises(ConfigError, match="domain.nope"):
         domain_config("dapo", nope=1)
-    for method in ("sft", "opd", "rose"):
+    for method in ("sft", "opd", "rose", "opsd"):
         assert resolve_config("dapo", method).domain.name == "dapo"
+    # OPSD's teacher is the student's own step-0 weights: its own preset, not the schema's defaults.
+    opsd = resolve_config("dapo", "opsd")
+    assert opsd.method.teacher_weights == "base" and opsd.eval.eval_teacher is False
 
 
 def test_embedded_items(domain: DapoDomain) -> None:
