@@ -12,6 +12,11 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# A researcher's own settings must not send the tests to their zoo, tracking store or DVC remote
+# (an inherited DISTILL_ZOO_DIR made the DVC pipeline's zoo stage write outside its project); the
+# workspace is set per session below, and each test that needs one of these sets its own.
+for _setting in ("DISTILL_ZOO_DIR", "DISTILL_TRACKING_URI", "DISTILL_REMOTE"):
+    os.environ.pop(_setting, None)
 
 from distill.config import DomainBase  # noqa: E402
 from distill.domains.rlve.config import RLVEDomainConfig  # noqa: E402
