@@ -281,11 +281,11 @@ def draw_panel(ax: Any, table: GridTable, d: str) -> None:
         ref = table.stats(row, d, key)
         if ref is not None:
             ax.axhline(scale * ref[0], linestyle="--", color=style, label=row)
-    own = {m: before for m, dom, before in table.other_students() if dom == d}
-    for i, m in enumerate(m for m in table.methods if m in own):
+    own = [(m, before) for m, dom, before in table.other_students() if dom == d]
+    for n, (m, before) in enumerate(own):
         x = table.methods.index(m)  # categorical bars sit at 0, 1, ... and are 0.8 wide
-        label = "own student (before)" if i == 0 else None
-        ax.hlines(scale * own[m], x - 0.4, x + 0.4, colors="black", linestyles=":", linewidth=2, label=label)
+        label = None if n else "own student (before)"  # one legend entry for all of them
+        ax.hlines(scale * before, x - 0.4, x + 0.4, colors="black", linestyles=":", linewidth=2, label=label)
     ax.set_title(f"{d}: {header(key)}")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="best")  # bars reach anywhere from the floor to the teacher
