@@ -1,11 +1,13 @@
 """Multi-turn play speed on SciWorld: concurrent episodes' turns batched (each episode from its own
 KV cache, engines/batched.py) against decoding them one episode at a time, as distill did before.
+Batched play runs twice: with its lean decode step (engines/decode.py, the default) and with
+every step through the transformers model call (`HFEngine.lean_decode = False`).
 
 The AgentGym eval path (`distill eval --domain sciworld --benchmark agentgym --workers N`): real
 ScienceWorld JVMs, N episodes in flight, greedy turns of up to `eval.max_new_tokens` tokens, at
-most 20 turns. The two ways alternate in blocks of items over the same pool in this process
-(batched, one-by-one, batched, ...), each block a fresh stratified sample; the table reports
-episodes/min and turns/s per side, and the ratio.
+most 20 turns. The ways take turns in blocks of items over the same pool in this process (each
+round in a rotated order), each block a fresh stratified sample; the table reports episodes/min
+and turns/s per side (medians over blocks), and the ratios to one-by-one.
 
     python benchmarks/episode_play.py --model zoo:student --workers 4 --items 24 --blocks 4
 """
@@ -62,37 +64,41 @@ def main() -> None:
     config = domain_config("sciworld", pool_size=args.workers, max_turns=20)
     engine = HFEngine.load(resolve_model(args.model, config, get_settings()))
     domain = as_episodic(build_domain(config))
-    items, _ = domain.benchmark_items("agentgym", None, args.items * args.blocks * 2)  # type: ignore[attr-defined]
-    agents = {
-        "batched": lambda: EngineAgent(engine, "student", args.max_new_tokens),
-        "one by one": lambda: one_by_one_agent(engine, args.max_new_tokens),
+    items, _ = domain.benchmark_items("agentgym", None, args.items * args.blocks * 3)  # type: ignore[attr-defined]
+    # side -> (agent, lean decode step)
+    sides = {
+        "batched": (lambda: EngineAgent(engine, "student", args.max_new_tokens), True),
+        "batched, transformers step": (lambda: EngineAgent(engine, "student", args.max_new_tokens), False),
+        "one by one": (lambda: one_by_one_agent(engine, args.max_new_tokens), True),
     }
     frame = frame_for(engine.tokenizer, engine.enable_thinking)
-    rates: dict[str, list[tuple[float, float]]] = {k: [] for k in agents}
+    rates: dict[str, list[tuple[float, float]]] = {k: [] for k in sides}
+    names = list(sides)
     try:
-        play(domain, items[:2], single(agents["batched"]()), engine.tokenizer, frame)  # JVMs up, warm
-        for block in range(args.blocks * 2):
-            side = list(agents)[block % 2] if block // 2 % 2 == 0 else list(agents)[1 - block % 2]
-            chunk = items[block * args.items : (block + 1) * args.items]
-            start = time.perf_counter()
-            episodes = play(domain, chunk, single(agents[side]()), engine.tokenizer, frame)
-            seconds = time.perf_counter() - start
-            turns = sum(len(ep.turns) for ep in episodes)
-            rates[side].append((60 * len(episodes) / seconds, turns / seconds))
-            print(f"block {block + 1}: {side}: {rates[side][-1][0]:.1f} episodes/min", flush=True)
+        play(domain, items[:2], single(sides["batched"][0]()), engine.tokenizer, frame)  # JVMs up, warm
+        block = 0
+        for round_ in range(args.blocks):
+            for side in names[round_ % 3 :] + names[: round_ % 3]:
+                agent, engine.lean_decode = sides[side][0](), sides[side][1]
+                chunk = items[block * args.items : (block + 1) * args.items]
+                block += 1
+                start = time.perf_counter()
+                episodes = play(domain, chunk, single(agent), engine.tokenizer, frame)
+                seconds = time.perf_counter() - start
+                turns = sum(len(ep.turns) for ep in episodes)
+                rates[side].append((60 * len(episodes) / seconds, turns / seconds))
+                print(f"block {block}: {side}: {rates[side][-1][0]:.1f} episodes/min", flush=True)
     finally:
         domain.close()
     print(
         f"\nSciWorld AgentGym items, {args.model}, {args.workers} workers, greedy, <= {args.max_new_tokens} "
         f"tokens/turn, <= 20 turns, {args.threads} thread(s); {args.blocks} blocks of {args.items} episodes "
-        "per side, alternating\n\n| | episodes/min (median) | turns/s (median) |\n|---|---|---|"
+        "per side, rotating\n\n| | episodes/min (median) | turns/s (median) | vs one by one |\n|---|---|---|---|"
     )
+    base = statistics.median(v[0] for v in rates["one by one"])
     for side, values in rates.items():
-        print(
-            f"| {side} | {statistics.median(v[0] for v in values):.1f} | {statistics.median(v[1] for v in values):.2f} |"
-        )
-    b, o = (statistics.median(v[0] for v in rates[s]) for s in ("batched", "one by one"))
-    print(f"\nbatched / one by one: **{b / o:.2f}x**")
+        rate = statistics.median(v[0] for v in values)
+        print(f"| {side} | {rate:.1f} | {statistics.median(v[1] for v in values):.2f} | {rate / base:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from distill.engines.base import Completion, KVCache
+from distill.engines.decode import DecodeState, lean_decoder
 
 if TYPE_CHECKING:
     from distill.engines.hf import HFEngine
@@ -72,15 +73,56 @@ def _stack(caches: list[list[tuple[torch.Tensor, torch.Tensor]] | None], lengths
     return DynamicCache(ddp_cache_data=stacked)
 
 
-def _split(past: Any, mask_B_L: torch.Tensor) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+def _split(
+    layers: list[tuple[torch.Tensor, torch.Tensor]], mask_B_L: torch.Tensor
+) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
     """Each row's unmasked cache positions, in order: its own contiguous cache."""
     rows = []
     for i in range(mask_B_L.shape[0]):
         keep = mask_B_L[i].bool()
-        rows.append(
-            [(layer.keys[i : i + 1, :, keep], layer.values[i : i + 1, :, keep]) for layer in past.layers]
-        )
+        rows.append([(k[i : i + 1, :, keep], v[i : i + 1, :, keep]) for k, v in layers])
     return rows
+
+
+class _Turn:
+    """The batch's first forward: each row's new tokens after its reusable cache, left-padded."""
+
+    def __init__(self, rows: Sequence[Sequence[int]], kept: list[int], pad: int) -> None:
+        new = [list(ids[n:]) for ids, n in zip(rows, kept, strict=True)]
+        width_C, width_S = max(kept), max(len(s) for s in new)
+        batch = len(rows)
+        self.ids_B_S = torch.full((batch, width_S), pad, dtype=torch.long)
+        self.mask_B_L = torch.zeros((batch, width_C + width_S), dtype=torch.long)
+        self.pos_B_S = torch.zeros((batch, width_S), dtype=torch.long)
+        for i, (n, s) in enumerate(zip(kept, new, strict=True)):
+            self.ids_B_S[i, width_S - len(s) :] = torch.tensor(s, dtype=torch.long)
+            self.mask_B_L[i, width_C - n : width_C] = 1
+            self.mask_B_L[i, width_C + width_S - len(s) :] = 1
+            self.pos_B_S[i] = torch.arange(n + len(s) - width_S, n + len(s)).clamp(min=n)
+        # The position of each row's first generated token.
+        self.next_pos = [n + len(s) for n, s in zip(kept, new, strict=True)]
+
+
+def _reusable(
+    rows: Sequence[Sequence[int]], caches: Sequence[KVCache | None]
+) -> tuple[list[list[tuple[torch.Tensor, torch.Tensor]] | None], list[int]] | None:
+    """Per row: the cache layers that hold a prefix of it (or None) and that prefix's length;
+    None when a cache is of a kind `_stack` cannot take."""
+    reused: list[list[tuple[torch.Tensor, torch.Tensor]] | None] = []
+    kept: list[int] = []
+    for ids, cache in zip(rows, caches, strict=True):
+        prefix = cache.ids if cache is not None and cache.past is not None else []
+        if 0 < len(prefix) < len(ids) and list(ids[: len(prefix)]) == prefix:
+            assert cache is not None
+            layers = _layers(cache.past)
+            if layers is None:
+                return None
+            reused.append(layers)
+            kept.append(len(prefix))
+        else:
+            reused.append(None)
+            kept.append(0)
+    return reused, kept
 
 
 def continue_many(
@@ -96,51 +138,32 @@ def continue_many(
     caller continues the rows one at a time)."""
     from transformers import DynamicCache
 
+    found = _reusable(rows, caches)
+    if found is None:
+        return None
+    reused, kept = found
     model, device = engine.model, engine.model.device
-    reused: list[list[tuple[torch.Tensor, torch.Tensor]] | None] = []
-    kept: list[int] = []
-    for ids, cache in zip(rows, caches, strict=True):
-        prefix = cache.ids if cache is not None and cache.past is not None else []
-        if 0 < len(prefix) < len(ids) and list(ids[: len(prefix)]) == prefix:
-            assert cache is not None
-            layers = _layers(cache.past)
-            if layers is None:
-                return None
-            reused.append(layers)
-            kept.append(len(prefix))
-        else:
-            reused.append(None)
-            kept.append(0)
-    pad = int(engine.tokenizer.pad_token_id)
-    new = [list(ids[n:]) for ids, n in zip(rows, kept, strict=True)]
-    width_C, width_S = max(kept), max(len(s) for s in new)
-    batch = len(rows)
-    ids_B_S = torch.full((batch, width_S), pad, dtype=torch.long)
-    mask_B_L = torch.zeros((batch, width_C + width_S), dtype=torch.long)
-    pos_B_S = torch.zeros((batch, width_S), dtype=torch.long)
-    for i, (n, s) in enumerate(zip(kept, new, strict=True)):
-        ids_B_S[i, width_S - len(s) :] = torch.tensor(s, dtype=torch.long)
-        mask_B_L[i, width_C - n : width_C] = 1
-        mask_B_L[i, width_C + width_S - len(s) :] = 1
-        pos_B_S[i] = torch.arange(n + len(s) - width_S, n + len(s)).clamp(min=n)
-    past = _stack(reused, kept)
-    eos = engine.eos_ids
+    pad, eos = int(engine.tokenizer.pad_token_id), engine.eos_ids
+    turn = _Turn(rows, kept, pad)
+    past, mask_B_L = _stack(reused, kept), turn.mask_B_L
     generated: list[list[int]] = [[] for _ in rows]
-    active = [True] * batch
-    next_pos = [n + len(s) for n, s in zip(kept, new, strict=True)]
-    inputs, positions = ids_B_S, pos_B_S
+    active = [True] * len(rows)
     with torch.inference_mode():
+        out = model(
+            input_ids=turn.ids_B_S.to(device),
+            attention_mask=mask_B_L.to(device),
+            position_ids=turn.pos_B_S.to(device),
+            cache=past if past is not None else DynamicCache(),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        past, logits_B_V = out.cache, out.logits[:, -1]
+        # The decode steps: lean where the model's family allows (engines/decode.py).
+        lean = None
+        if engine.lean_decode and lean_decoder(model) is not None:
+            lean = DecodeState(model, past, mask_B_L.to(device), max(budgets))
         while True:
-            out = model(
-                input_ids=inputs.to(device),
-                attention_mask=mask_B_L.to(device),
-                position_ids=positions.to(device),
-                cache=past if past is not None else DynamicCache(),
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            past = out.cache
-            tokens = sample(out.logits[:, -1], temperature, top_p).tolist()
+            tokens = sample(logits_B_V, temperature, top_p).tolist()
             feed = []
             for i, tok in enumerate(tokens):
                 if active[i]:
@@ -150,14 +173,37 @@ def continue_many(
             if not any(feed):
                 break
             # Rows still writing feed their last token; finished rows feed a masked pad.
-            inputs = torch.tensor([[g[-1] if on else pad] for g, on in zip(generated, feed, strict=True)])
-            positions = torch.tensor([[p + len(g) - 1] for p, g in zip(next_pos, generated, strict=True)])
+            inputs_B = torch.tensor([g[-1] if on else pad for g, on in zip(generated, feed, strict=True)])
+            positions_B = torch.tensor(
+                [p + len(g) - 1 for p, g in zip(turn.next_pos, generated, strict=True)]
+            )
+            if lean is not None:
+                logits_B_V = lean.step(
+                    inputs_B.to(device), positions_B.to(device), torch.tensor(feed, device=device)
+                )
+                continue
             mask_B_L = torch.cat([mask_B_L, torch.tensor(feed, dtype=torch.long)[:, None]], dim=1)
-    results = []
-    for i, layers in enumerate(_split(past, mask_B_L)):
-        seen = list(rows[i]) + generated[i]
-        cache_ids = seen[: layers[0][0].shape[2]]
-        results.append(
-            (engine.completion(generated[i], eos), KVCache(DynamicCache(ddp_cache_data=layers), cache_ids))
-        )
-    return results
+            out = model(
+                input_ids=inputs_B[:, None].to(device),
+                attention_mask=mask_B_L.to(device),
+                position_ids=positions_B[:, None].to(device),
+                cache=past,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            past, logits_B_V = out.cache, out.logits[:, -1]
+    if lean is not None:
+        final, mask_B_L = lean.layers(), lean.mask().cpu()
+    else:
+        final = [(layer.keys, layer.values) for layer in past.layers]
+    return [
+        (engine.completion(generated[i], eos), _row_cache(list(rows[i]) + generated[i], row_layers))
+        for i, row_layers in enumerate(_split(final, mask_B_L))
+    ]
+
+
+def _row_cache(seen: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> KVCache:
+    """A row's own cache and the ids it holds (all it has seen but its last generated token)."""
+    from transformers import DynamicCache
+
+    return KVCache(DynamicCache(ddp_cache_data=layers), seen[: layers[0][0].shape[2]])

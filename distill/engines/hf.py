@@ -43,6 +43,9 @@ class HFEngine(ChatPrompts):
         self.tokenizer = tokenizer
         self.enable_thinking = enable_thinking
         self._prompt_cache = {}
+        # continue_many's decode steps through engines/decode.py where the model's family allows
+        # (~2x fewer seconds per step on the embedded models); False: the transformers call.
+        self.lean_decode = True
         if tokenizer.pad_token_id is None:
             raise ValueError(f"tokenizer of {model.name_or_path!r} has no pad token")
 

@@ -43,21 +43,28 @@ def remove_stale_builds(target: Path) -> list[Path]:
     return removed
 
 
-# Build times measured on a 2-core CPU (README "Measured"), for entries never built here before.
-TYPICAL_SECONDS = {
-    "tok-qwen": 10,
-    "tok-llama": 10,
-    "student": 47,
-    "student-privileged": 444,
-    "teacher": 171,
-    "teacher-llama": 320,
+# Build times measured on a 2-core CPU (README "Measured", docs/dapo.md, docs/sciworld.md), per
+# domain, for entries never built here before: a sciworld student takes ten times rlve's.
+TYPICAL_SECONDS: dict[str, dict[str, float]] = {
+    "rlve": {
+        "tok-qwen": 10,
+        "tok-llama": 10,
+        "student": 47,
+        "student-privileged": 444,
+        "teacher": 171,
+        "teacher-llama": 320,
+    },
+    "dapo": {"tok-qwen": 10, "student-privileged": 702, "teacher": 403},
+    "sciworld": {"tok-qwen": 10, "student": 485, "teacher": 1267},
 }
 
 
 def typical_seconds(root: Path, name: str, domain: str) -> float | None:
-    """How long building `name` takes: the median of this zoo's earlier builds of it (for this
-    domain, else any), else the measured figure."""
-    for pattern in (f"{domain}/{name}-*/zoo.json", f"*/{name}-*/zoo.json"):
+    """How long building `name` takes: the median of this zoo's earlier builds of it for this
+    domain, else the measured figure for this domain, else the median of its builds for any
+    other domain (None: nothing known)."""
+
+    def median_of(pattern: str) -> float | None:
         times = []
         for meta in root.glob(pattern):
             try:
@@ -66,9 +73,13 @@ def typical_seconds(root: Path, name: str, domain: str) -> float | None:
                 continue
             if entry.name == name and entry.seconds > 0:
                 times.append(entry.seconds)
-        if times:
-            return sorted(times)[len(times) // 2]
-    return TYPICAL_SECONDS.get(name)
+        return sorted(times)[len(times) // 2] if times else None
+
+    here = median_of(f"{domain}/{name}-*/zoo.json")
+    if here is not None:
+        return here
+    measured = TYPICAL_SECONDS.get(domain, {}).get(name)
+    return measured if measured is not None else median_of(f"*/{name}-*/zoo.json")
 
 
 def changed_data_fields(domain_config: DomainBase, keyed: Iterable[str]) -> list[str]:
