@@ -10,7 +10,8 @@ observation) are prefilled in one forward, and all rows decode together:
 Padding sits inside the row and is masked; position ids are given per row (c_i, c_i + 1, ...)
 so every token keeps the position it has in its own sequence, and each row's cache comes back
 as its own contiguous DynamicCache, as `continue_generate` would have left it. A row stops at
-its EOS or its budget; its last token is never fed back (the cache ends one token short).
+its EOS or its budget; its last token is never fed back (the cache ends one token short). After the
+prefill, the decode steps of llama-family models skip the transformers call (engines/decode.py).
 """
 
 from __future__ import annotations

@@ -59,6 +59,16 @@ def _norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
     return norm.weight * x32.to(x.dtype)
 
 
+def _joined(projs: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Projections of one input as one: their weights stacked, and their biases (zeros for one
+    without) where any has one (qwen2's q/k/v, llama's `attention_bias` and `mlp_bias`)."""
+    weight = torch.cat([p.weight for p in projs])
+    if all(p.bias is None for p in projs):
+        return weight, None
+    biases = [p.bias if p.bias is not None else p.weight.new_zeros(p.weight.shape[0]) for p in projs]
+    return weight, torch.cat(biases)
+
+
 class _Layer:
     """One decoder layer's weights as the step uses them: q, k and v in one matrix, gate and up
     in another (one matmul each instead of three and two)."""
@@ -67,10 +77,9 @@ class _Layer:
         attn, mlp = layer.self_attn, layer.mlp
         self.attn, self.layer, self.act = attn, layer, mlp.act_fn
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)
-        self.qkv_weight = torch.cat([p.weight for p in projs])
-        self.qkv_bias = torch.cat([p.bias for p in projs]) if attn.q_proj.bias is not None else None
+        self.qkv_weight, self.qkv_bias = _joined(projs)
         self.split = [p.weight.shape[0] for p in projs]
-        self.gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        self.gate_up_weight, self.gate_up_bias = _joined((mlp.gate_proj, mlp.up_proj))
         self.down = mlp.down_proj
         self.q_norm, self.k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
 
@@ -81,7 +90,7 @@ class DecodeState:
     def __init__(self, model: Any, past: Any, mask_B_L: torch.Tensor, extra: int) -> None:
         self.model = model
         self.decoder = model.model
-        self.layers_ = [_Layer(layer) for layer in self.decoder.layers]
+        self.weights = [_Layer(layer) for layer in self.decoder.layers]
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         for layer in past.layers:
@@ -104,7 +113,7 @@ class DecodeState:
         cos, sin = self.decoder.rotary_emb(x_B_1_H, pos_B[:, None])
         cos, sin = cos[:, None], sin[:, None]
         batch = x_B_1_H.shape[0]
-        for i, lw in enumerate(self.layers_):
+        for i, lw in enumerate(self.weights):
             attn, dim = lw.attn, lw.attn.head_dim
             h_B_1_H = _norm(x_B_1_H, lw.layer.input_layernorm)
             q, k, v = F.linear(h_B_1_H, lw.qkv_weight, lw.qkv_bias).split(lw.split, dim=-1)
@@ -126,9 +135,8 @@ class DecodeState:
             )
             out = out.transpose(1, 2).reshape(batch, 1, -1)
             x_B_1_H = x_B_1_H + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-            gate, up = F.linear(_norm(x_B_1_H, lw.layer.post_attention_layernorm), lw.gate_up).chunk(
-                2, dim=-1
-            )
+            h_B_1_H = _norm(x_B_1_H, lw.layer.post_attention_layernorm)
+            gate, up = F.linear(h_B_1_H, lw.gate_up_weight, lw.gate_up_bias).chunk(2, dim=-1)
             x_B_1_H = x_B_1_H + F.linear(lw.act(gate) * up, lw.down.weight, lw.down.bias)
         return self.model.lm_head(_norm(x_B_1_H, self.decoder.norm))[:, -1]
 

@@ -27,7 +27,29 @@ def _qwen2_with_bias(tokenizer: Any) -> HFEngine:
         vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, intermediate_size=128, max_position_embeddings=512,
     )  # fmt: skip
-    return HFEngine(Qwen2ForCausalLM(config).eval(), tokenizer)
+    return HFEngine(_with_biases(Qwen2ForCausalLM(config).eval()), tokenizer)
+
+
+def _llama_with_biases(tokenizer: Any) -> HFEngine:
+    """llama with `attention_bias` and `mlp_bias`: biases on every projection (random weights)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=128, max_position_embeddings=512,
+        attention_bias=True, mlp_bias=True,
+    )  # fmt: skip
+    return HFEngine(_with_biases(LlamaForCausalLM(config).eval()), tokenizer)
+
+
+def _with_biases(model: Any) -> Any:
+    """transformers initialises biases at zero: make them count."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0, 0.1)
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +58,7 @@ def engines(tiny_zoo: Any) -> dict[str, HFEngine]:
         "qwen3": HFEngine.load(str(tiny_zoo.teacher)),
         "llama": HFEngine.load(str(tiny_zoo.teacher_llama)),
         "qwen2": _qwen2_with_bias(AutoTokenizer.from_pretrained(str(tiny_zoo.tok_qwen))),
+        "llama-biases": _llama_with_biases(AutoTokenizer.from_pretrained(str(tiny_zoo.tok_llama))),
     }
 
 
@@ -54,7 +77,7 @@ def _two_turns(engine: HFEngine, lean: bool) -> list[list[Any]]:
     return [first, second]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen2"])
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen2", "llama-biases"])
 def test_lean_steps_give_the_model_calls_tokens_and_caches(engines: dict[str, HFEngine], family: str) -> None:
     engine = engines[family]
     assert lean_decoder(engine.model) is not None
