@@ -110,34 +110,35 @@ class DecodeState:
         self.length += 1
         attend_B_1_1_L = self.mask_B_L[:, None, None, : col + 1]
         x_B_1_H = self.decoder.embed_tokens(ids_B[:, None])
-        cos, sin = self.decoder.rotary_emb(x_B_1_H, pos_B[:, None])
-        cos, sin = cos[:, None], sin[:, None]
+        cos_B_1_D, sin_B_1_D = self.decoder.rotary_emb(x_B_1_H, pos_B[:, None])
+        cos_B_1_1_D, sin_B_1_1_D = cos_B_1_D[:, None], sin_B_1_D[:, None]
         batch = x_B_1_H.shape[0]
         for i, lw in enumerate(self.weights):
             attn, dim = lw.attn, lw.attn.head_dim
             h_B_1_H = _norm(x_B_1_H, lw.layer.input_layernorm)
             q, k, v = F.linear(h_B_1_H, lw.qkv_weight, lw.qkv_bias).split(lw.split, dim=-1)
-            q, k, v = (t.view(batch, 1, -1, dim) for t in (q, k, v))
+            # [B, 1, heads, D]; N query heads, K key/value heads
+            q_B_1_N_D, k_B_1_K_D, v_B_1_K_D = (t.view(batch, 1, -1, dim) for t in (q, k, v))
             if lw.q_norm is not None:
-                q, k = _norm(q, lw.q_norm), _norm(k, lw.k_norm)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            self.keys[i][:, :, col] = k[:, :, 0]
-            self.values[i][:, :, col] = v[:, :, 0]
-            out = F.scaled_dot_product_attention(
-                q,
+                q_B_1_N_D, k_B_1_K_D = _norm(q_B_1_N_D, lw.q_norm), _norm(k_B_1_K_D, lw.k_norm)
+            q_B_N_1_D, k_B_K_1_D = q_B_1_N_D.transpose(1, 2), k_B_1_K_D.transpose(1, 2)
+            q_B_N_1_D = q_B_N_1_D * cos_B_1_1_D + _rotate_half(q_B_N_1_D) * sin_B_1_1_D
+            k_B_K_1_D = k_B_K_1_D * cos_B_1_1_D + _rotate_half(k_B_K_1_D) * sin_B_1_1_D
+            self.keys[i][:, :, col] = k_B_K_1_D[:, :, 0]
+            self.values[i][:, :, col] = v_B_1_K_D[:, 0]
+            out_B_N_1_D = F.scaled_dot_product_attention(
+                q_B_N_1_D,
                 self.keys[i][:, :, : col + 1],
                 self.values[i][:, :, : col + 1],
                 attn_mask=attend_B_1_1_L,
                 scale=attn.scaling,
                 enable_gqa=True,
             )
-            out = out.transpose(1, 2).reshape(batch, 1, -1)
-            x_B_1_H = x_B_1_H + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+            out_B_1_ND = out_B_N_1_D.transpose(1, 2).reshape(batch, 1, -1)
+            x_B_1_H = x_B_1_H + F.linear(out_B_1_ND, attn.o_proj.weight, attn.o_proj.bias)
             h_B_1_H = _norm(x_B_1_H, lw.layer.post_attention_layernorm)
-            gate, up = F.linear(h_B_1_H, lw.gate_up_weight, lw.gate_up_bias).chunk(2, dim=-1)
-            x_B_1_H = x_B_1_H + F.linear(lw.act(gate) * up, lw.down.weight, lw.down.bias)
+            gate_B_1_I, up_B_1_I = F.linear(h_B_1_H, lw.gate_up_weight, lw.gate_up_bias).chunk(2, dim=-1)
+            x_B_1_H = x_B_1_H + F.linear(lw.act(gate_B_1_I) * up_B_1_I, lw.down.weight, lw.down.bias)
         return self.model.lm_head(_norm(x_B_1_H, self.decoder.norm))[:, -1]
 
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
