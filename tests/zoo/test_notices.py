@@ -40,9 +40,8 @@ def test_a_data_override_is_named_before_its_build(tmp_path: Path) -> None:
         in line
     )
     assert "the default student is not reused" in line and str(tmp_path / "rlve") in line
-    assert (
-        f"typically {TYPICAL_SECONDS['rlve']['student']} s" in line
-    )  # nothing built here yet: the measured figure
+    # Nothing built here yet: the measured figure.
+    assert f"typically {TYPICAL_SECONDS['rlve']['student']} s" in line
     plain = build_notice(tmp_path, "student", default, tmp_path / "rlve" / "student-abc", _DATA_FIELDS)
     assert "first use" in plain and "not reused" not in plain
 
@@ -56,9 +55,8 @@ def test_typical_seconds_come_from_this_zoo(tmp_path: Path) -> None:
     assert typical_seconds(tmp_path, "student", "rlve") == 50.0
     # No dapo student measured: another domain's builds.
     assert typical_seconds(tmp_path, "student", "dapo") == 50.0
-    assert (
-        typical_seconds(tmp_path, "teacher", "rlve") == TYPICAL_SECONDS["rlve"]["teacher"]
-    )  # none built: the table
+    # None built: the table.
+    assert typical_seconds(tmp_path, "teacher", "rlve") == TYPICAL_SECONDS["rlve"]["teacher"]
     # A sciworld student takes ten times an rlve one: its own measured figure before rlve's builds.
     assert typical_seconds(tmp_path, "student", "sciworld") == TYPICAL_SECONDS["sciworld"]["student"] == 485
 
