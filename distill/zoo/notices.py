@@ -51,7 +51,7 @@ TYPICAL_SECONDS: dict[str, dict[str, float]] = {
         "tok-llama": 10,
         "student": 47,
         "student-privileged": 444,
-        "teacher": 171,
+        "teacher": 166,
         "teacher-llama": 320,
     },
     "dapo": {"tok-qwen": 10, "student-privileged": 702, "teacher": 403},
