@@ -9,7 +9,8 @@ keys and values go into buffers sized once per turn (the stacked caches plus the
 budget), and the padding mask is a boolean row per sequence that grows by one column a step.
 Projections stay separate matmuls on the modules' own tensors: joining q, k and v (or gate and
 up) into one saved ~4% a step on the embedded student but would copy every layer's weights each
-turn, gigabytes on a real model whose weights change every training step. The prefill of each turn's new tokens still goes through the model itself.
+turn, gigabytes on a real model whose weights change every training step. The prefill of each
+turn's new tokens still goes through the model itself.
 
 Same math, same order of operations: the logits match the model's own step to float
 rounding (tests/engines/test_decode.py); any other model, or a model configured away from
