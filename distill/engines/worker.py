@@ -54,7 +54,10 @@ class WorkerEngine:
         precision: str = "fp32",
         enable_thinking: bool | None = None,
         threads: int | None = None,
+        wait: bool = True,
     ):
+        """Spawn the worker; with `wait=False` return at once and let the first `score` (or
+        `wait_ready`) wait for the model to load, so the caller's own set-up overlaps it."""
         import torch.multiprocessing as mp
 
         context = mp.get_context("spawn")
@@ -67,13 +70,23 @@ class WorkerEngine:
         )
         self._proc.start()
         child.close()
+        self._path = path
+        self._ready = False
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Block until the worker has loaded its model (a no-op once it has); raise if it could not."""
+        if self._ready:
+            return
         if not self._conn.poll(START_TIMEOUT_S):
             self.close()
-            raise RuntimeError(f"teacher worker: {path} not loaded after {START_TIMEOUT_S:g} s")
+            raise RuntimeError(f"teacher worker: {self._path} not loaded after {START_TIMEOUT_S:g} s")
         kind, value = self._conn.recv()
         if kind != "ready":
             self.close()
-            raise RuntimeError(f"teacher worker could not load {path}: {value}")
+            raise RuntimeError(f"teacher worker could not load {self._path}: {value}")
+        self._ready = True
 
     def score(
         self,
@@ -88,6 +101,7 @@ class WorkerEngine:
             "top_k": top_k,
             "states": states,
         }
+        self.wait_ready()
         try:
             self._conn.send(request)
             kind, value = self._conn.recv()

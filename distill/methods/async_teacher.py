@@ -12,8 +12,9 @@ update and trained after it. The loss stays exact for the batch being trained: t
 logprobs are recomputed in the loss forward (on_policy.py), and the teacher's belong to the
 tokens actually sampled. `perf/teacher_time_s` is the teacher's own time for the trained batch,
 `perf/teacher_wait_s` what the step waited for it, `perf/overlap_s` the part hidden behind
-generation and training. The first step, and the first after a resume or an epoch's end, has
-nothing in flight and scores synchronously.
+generation and training. The first step, and the first after a checkpoint or an epoch's end,
+has nothing in flight and scores synchronously: a run resumed from a checkpoint then continues
+exactly as the uninterrupted one (one synchronous step per `checkpoint.every_steps`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,17 @@ if TYPE_CHECKING:
 Generate = Callable[[list[dict[str, Any]]], tuple[dict[str, Any], float]]
 
 
+def _last_before_checkpoint(trainer: Any) -> bool:
+    """Whether this step is the run's last or ends in a checkpoint. Nothing is generated ahead
+    then: a run resumed from that checkpoint starts with nothing in flight, and so does the run
+    that was never stopped, so the two stay equal bit for bit (tests/e2e/test_kill_resume.py)."""
+    step, args = trainer.state.global_step + 1, trainer.args
+    if step >= trainer.state.max_steps:
+        return True
+    every = int(args.save_steps or 0) if args.save_strategy == "steps" else 0
+    return every > 0 and step % every == 0
+
+
 class AsyncTeacher:
     """Keeps one batch in flight with the teacher; see the module docstring."""
 
@@ -50,6 +62,7 @@ class AsyncTeacher:
                 ctx.config.teacher.precision,
                 teacher.enable_thinking,
                 ctx.config.threads,
+                wait=False,  # it loads while the trainer is set up; the first score waits for it
             )
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="distill-teacher")
         self._ahead: tuple[Rollouts, Future[tuple[TokenScores, float]]] | None = None
@@ -76,7 +89,7 @@ class AsyncTeacher:
             ahead = self._launch(trainer, inputs, generate)
         batch, future = ahead
         upcoming, self._next_inputs = self._next_inputs, None
-        if upcoming is not None and trainer.state.global_step + 1 < trainer.state.max_steps:
+        if upcoming is not None and not _last_before_checkpoint(trainer):
             # The student generates batch i+1 while the teacher scores batch i.
             self._ahead = self._launch(trainer, upcoming, generate)
         start = time.perf_counter()

@@ -129,6 +129,26 @@ def train_on_policy(
 ) -> None:
     """The loop OPD and OPSD share; they differ in the teacher and how it sees the problem
     (`cross`: the teacher scores the student's text in its own tokens, OPD only)."""
+    pipeline = None
+    if ctx.config.rollout.async_teacher:
+        from distill.methods.async_teacher import AsyncTeacher
+
+        # Started first: the teacher's worker loads while trl imports and the trainer is set up.
+        pipeline = AsyncTeacher(ctx)
+    try:
+        _train_on_policy(ctx, teacher_prompt, callbacks, cross, pipeline)
+    finally:
+        if pipeline is not None:
+            pipeline.close()
+
+
+def _train_on_policy(
+    ctx: RunContext,
+    teacher_prompt: PromptFor,
+    callbacks: Sequence[Any],
+    cross: CrossFamily | None,
+    pipeline: AsyncTeacher | None,
+) -> None:
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -185,15 +205,8 @@ def train_on_policy(
     trainer.distill_ctx = ctx
     trainer.teacher_prompt = teacher_prompt
     trainer.cross = cross
-    if cfg.rollout.async_teacher:
-        from distill.methods.async_teacher import AsyncTeacher
-
-        trainer.pipeline = AsyncTeacher(ctx)
-    try:
-        quiet(trainer).train(resume_from_checkpoint=str(ctx.resume_from) if ctx.resume_from else None)
-    finally:
-        if trainer.pipeline is not None:
-            trainer.pipeline.close()
+    trainer.pipeline = pipeline
+    quiet(trainer).train(resume_from_checkpoint=str(ctx.resume_from) if ctx.resume_from else None)
     model = trainer.model
     if cfg.lora.enabled:
         # Evals and the final checkpoint see plain weights; the adapters live in step-N folders.

@@ -40,3 +40,12 @@ def test_worker_scores_like_the_engine_and_names_its_errors(tiny_zoo: Any) -> No
 def test_worker_that_cannot_load_says_which_model(tmp_path: Any) -> None:
     with pytest.raises(RuntimeError, match=f"teacher worker could not load {tmp_path}"):
         WorkerEngine(str(tmp_path))
+    # Started without waiting (as rollout.async_teacher starts it), the same error comes with
+    # the first request instead.
+    worker = WorkerEngine(str(tmp_path), wait=False)
+    try:
+        with pytest.raises(RuntimeError, match=f"teacher worker could not load {tmp_path}"):
+            worker.score([[1, 2]], [[3]])
+    finally:
+        worker.close()
+    assert not worker._proc.is_alive()
