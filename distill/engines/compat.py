@@ -79,7 +79,10 @@ def async_teacher_reason(config: RunConfig) -> str | None:
             f"(not {config.method.name} on {config.domain.name}); drop it"
         )
     if config.optim.grad_accum != 1:
-        return "rollout.async_teacher: needs optim.grad_accum=1 (one generation per optimizer step)"
+        return (
+            "rollout.async_teacher: needs optim.grad_accum=1 (one generation per optimizer step); "
+            "set rollout.async_teacher=false to accumulate"
+        )
     return None
 
 

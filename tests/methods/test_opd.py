@@ -188,3 +188,36 @@ def test_signal_scores_the_student_at_temperature_one(
     at_one, at_half = (_logprobs_at(frozen, inputs, t)[mask] for t in (1.0, 0.5))
     torch.testing.assert_close(got, at_one, atol=1e-5, rtol=0)
     assert (got - at_half).abs().max() > 1e-2
+
+
+def test_rollouts_are_sampled_as_generate_samples_them(tmp_path: Path, tiny_zoo, monkeypatch) -> None:
+    """OPD's rollouts come from the lean batched sampler (engines/batched.py) where it applies;
+    at a near-greedy temperature they are the completions TRL's `generate` samples, token for token."""
+    from distill.methods import on_policy, opd
+
+    real_lean, real_with_teacher = opd.lean_rollouts, on_policy.with_teacher
+    used: list[bool] = []
+    rows: dict[str, list[list[int]]] = {}
+
+    def counted(trainer, prompt_ids):
+        out = real_lean(trainer, prompt_ids)
+        used.append(out is not None)
+        return out
+
+    def run(label: str) -> None:
+        def capture(trainer, batch, teacher, perf):
+            rows[label] = batch.completion_rows
+            return real_with_teacher(trainer, batch, teacher, perf)
+
+        monkeypatch.setattr(on_policy, "with_teacher", capture)
+        student, teacher = HFEngine.load(str(tiny_zoo.student)), HFEngine.load(str(tiny_zoo.teacher))
+        (tmp_path / label).mkdir()
+        opd.train(_context(tmp_path / label, tiny_zoo, student, teacher, 1e-3, temperature=1e-4))
+
+    monkeypatch.setattr(opd, "lean_rollouts", counted)
+    run("lean")
+    assert used == [True]
+    monkeypatch.setattr(opd, "lean_rollouts", lambda trainer, prompt_ids: None)
+    run("generate")
+    assert len(rows["lean"]) == 8 and any(len(r) > 1 for r in rows["lean"])
+    assert rows["lean"] == rows["generate"]
