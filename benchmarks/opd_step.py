@@ -128,6 +128,9 @@ def distill_system(loss: str, args: argparse.Namespace, baton: Baton, name: str,
         f"optim.lr={args.lr}",
         f"optim.max_steps={args.warmup + args.steps + 1}",
         "checkpoint.every_steps=0",
+        # The step itself, scored in this process like TRL's (benchmarks/async_teacher.py times
+        # the teacher in its worker).
+        "rollout.async_teacher=false",
         "eval.items=4",
         "eval.max_new_tokens=8",
         "eval.eval_teacher=false",
