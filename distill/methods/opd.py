@@ -54,6 +54,7 @@ def make_trainer_class() -> type:
         _advantage_inputs: dict[str, Any] | None = None
         pipeline: AsyncTeacher | None = None  # rollout.async_teacher (async_teacher.py)
         cross: CrossFamily | None = None  # cross-family byte groups (cross_family.py); None: same ids
+        _generate_single_turn = _sample_rollouts  # rollouts from the lean sampler where it applies
 
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
             if self.pipeline is not None:
@@ -66,22 +67,6 @@ def make_trainer_class() -> type:
             start = time.perf_counter()
             out = super()._generate_and_score_completions(inputs)
             return out, time.perf_counter() - start
-
-        def _generate_single_turn(
-            self,
-            prompt_ids: list[list[int]],
-            images: Any,
-            multimodal_fields: dict[str, Any],
-            num_generations: int,
-            has_tool_images: bool = False,
-        ) -> tuple[list[list[int]], Any]:
-            if images is None and not multimodal_fields and not has_tool_images:
-                completions = lean_rollouts(self, prompt_ids)
-                if completions is not None:
-                    return completions, None
-            return super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
 
         def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
             fetch = super().get_batch_samples
@@ -135,6 +120,27 @@ def make_trainer_class() -> type:
             return logps, (entropies if compute_entropy else None), None
 
     return OPDTrainer
+
+
+def _sample_rollouts(
+    trainer: Any,
+    prompt_ids: list[list[int]],
+    images: Any,
+    multimodal_fields: dict[str, Any],
+    num_generations: int,
+    has_tool_images: bool = False,
+) -> tuple[list[list[int]], Any]:
+    """OPDTrainer's `_generate_single_turn`: text rollouts from the lean sampler where it
+    applies, else GRPO's own (vLLM or `generate`)."""
+    from trl import GRPOTrainer
+
+    if images is None and not multimodal_fields and not has_tool_images:
+        completions = lean_rollouts(trainer, prompt_ids)
+        if completions is not None:
+            return completions, None
+    return GRPOTrainer._generate_single_turn(
+        trainer, prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+    )
 
 
 def lean_rollouts(trainer: Any, prompt_ids: list[list[int]]) -> list[list[int]] | None:
