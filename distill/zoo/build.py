@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from distill.zoo.batches import Example
 from distill.zoo.notices import build_notice, built_notice, remove_stale_builds
 from distill.zoo.recipes import (
     BUILD_VERSION,
@@ -47,14 +48,13 @@ _DATA_FIELDS = (
 )
 
 
-Example = tuple[list[int], list[int]]  # token ids and their labels (-100: no loss)
-
 _ADDED_FIELDS = {
     "max_positions": 1024,
     "episode_loss": "turns",
     "vocab_size": None,
     "privileged_share": 0.0,
     "pack": False,
+    "share_prefix": False,
 }
 
 
@@ -353,6 +353,7 @@ def fit_examples(
     import torch
 
     from distill.progress import progress_bar
+    from distill.zoo.batches import step_loss
 
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
 
@@ -370,12 +371,7 @@ def fit_examples(
         for _ in range(recipe.steps):
             idx = torch.randint(len(examples), (batch_size,), generator=gen).tolist()
             batch = [examples[i] for i in idx]
-            inputs = (
-                packed_batch(batch, tokenizer.pad_token_id)
-                if recipe.pack
-                else padded_batch(batch, tokenizer.pad_token_id)
-            )
-            loss = model(**inputs, use_cache=False).loss
+            loss = step_loss(model, batch, recipe, tokenizer.pad_token_id)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
@@ -388,53 +384,3 @@ def fit_examples(
         model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return loss_value
-
-
-def padded_batch(batch: list[Example], pad_id: int) -> dict[str, Any]:
-    """One row per example, right-padded to the longest."""
-    import torch
-
-    width = max(len(ids) for ids, _ in batch)
-    ids_B_T = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    labels_B_T = torch.full((len(batch), width), -100, dtype=torch.long)
-    mask_B_T = torch.zeros((len(batch), width), dtype=torch.long)
-    for row, (ids, labels) in enumerate(batch):
-        ids_B_T[row, : len(ids)] = torch.tensor(ids)
-        labels_B_T[row, : len(labels)] = torch.tensor(labels)
-        mask_B_T[row, : len(ids)] = 1
-    return {"input_ids": ids_B_T, "attention_mask": mask_B_T, "labels": labels_B_T}
-
-
-def packed_batch(batch: list[Example], pad_id: int) -> dict[str, Any]:
-    """The examples packed first-fit, longest first, into rows as wide as the longest one.
-    Position ids restart at 0 with each example, and with no attention mask transformers turns
-    the restarts into a block-diagonal causal mask, so no token attends across examples. Each
-    example's first label is dropped: it would be predicted from the previous example's last
-    token (a causal LM never predicts a sequence's first token, so the padded loss lacks it too)."""
-    import torch
-
-    width = max(len(ids) for ids, _ in batch)
-    rows: list[list[Example]] = []
-    free: list[int] = []
-    for example in sorted(batch, key=lambda e: -len(e[0])):
-        fit = next((r for r, room in enumerate(free) if room >= len(example[0])), None)
-        if fit is None:
-            rows.append([])
-            free.append(width)
-            fit = len(rows) - 1
-        rows[fit].append(example)
-        free[fit] -= len(example[0])
-    ids_R_W = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    labels_R_W = torch.full((len(rows), width), -100, dtype=torch.long)
-    positions_R_W = torch.zeros((len(rows), width), dtype=torch.long)
-    for r, row in enumerate(rows):
-        at = 0
-        for ids, labels in row:
-            n = len(ids)
-            ids_R_W[r, at : at + n] = torch.tensor(ids)
-            labels_R_W[r, at + 1 : at + n] = torch.tensor(labels[1:n])
-            positions_R_W[r, at : at + n] = torch.arange(n)
-            at += n
-        # The tail's padding is a sequence of its own (positions restart), attended by nothing.
-        positions_R_W[r, at:] = torch.arange(width - at)
-    return {"input_ids": ids_R_W, "position_ids": positions_R_W, "labels": labels_R_W}

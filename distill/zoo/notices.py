@@ -44,7 +44,7 @@ def remove_stale_builds(target: Path) -> list[Path]:
 
 
 # Build times measured on a 2-core CPU (README "Measured", docs/dapo.md, docs/sciworld.md), per
-# domain, for entries never built here before: a sciworld student takes ten times rlve's.
+# domain, for entries never built here before: a sciworld student takes three times rlve's.
 TYPICAL_SECONDS: dict[str, dict[str, float]] = {
     "rlve": {
         "tok-qwen": 10,
@@ -55,7 +55,7 @@ TYPICAL_SECONDS: dict[str, dict[str, float]] = {
         "teacher-llama": 320,
     },
     "dapo": {"tok-qwen": 10, "student-privileged": 702, "teacher": 403},
-    "sciworld": {"tok-qwen": 10, "student": 485, "teacher": 1267},
+    "sciworld": {"tok-qwen": 41, "student": 129, "teacher": 237},
 }
 
 

@@ -87,3 +87,38 @@ def test_corrupt_prob_inserts_one_unlabelled_slip_answered_by_invalid_action(
         ((_, turn_labels),) = training_examples([item], SW, tok, "turns", 1.0, seed)
         gold = tok.decode([t for t in turn_labels if t != IGNORE]).replace(tok.eos_token, "\n")
         assert [a for a, _ in STEPS] == [line for line in gold.split("\n") if line in {a for a, _ in STEPS}]
+
+
+@pytest.mark.parametrize("loss", ["turns", "all"])
+def test_episodes_share_their_instruction_and_train_on_it_once(item: Item, tiny_zoo: Any, loss: str) -> None:
+    """`share_prefix`: gold episodes start with the same instruction and action list; running it
+    once gives the padded rows' loss and gradients on real episodes, corrupted ones included."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from distill.zoo.batches import common_prefix_length, padded_batch, shared_prefix_loss
+    from distill.zoo.build import make_model
+    from distill.zoo.recipes import student_shape
+
+    tok = AutoTokenizer.from_pretrained(tiny_zoo.tok_qwen)
+    other_first = FIRST.replace("non-living thing", "living thing").replace("red box", "green box")
+    other = Item(id="sciworld_9", prompt=other_first, answer="100", solution=item.solution,
+                 meta={**item.meta, "first": other_first})  # fmt: skip
+    batch = training_examples([item, other, item], SW, tok, loss, corrupt_prob=0.5, seed=3)
+    width = common_prefix_length(batch)
+    assert "Here are the actions you may take" in tok.decode(batch[0][0][:width])
+    assert "non-living" not in tok.decode(batch[0][0][:width])
+    torch.manual_seed(0)
+    model = make_model(student_shape(steps=1, lr=1e-3, batch_size=3, max_positions=4096), tok)
+    results = []
+    for loss_of in (
+        lambda: model(**padded_batch(batch, tok.pad_token_id), use_cache=False).loss,
+        lambda: shared_prefix_loss(model, batch, tok.pad_token_id),
+    ):
+        model.zero_grad()
+        value = loss_of()
+        value.backward()
+        results.append((value.detach(), [p.grad.clone() for p in model.parameters()]))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(results[0][1], results[1][1], strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)

@@ -145,6 +145,8 @@ def test_sciworld_zoo_models_have_their_own_recipes() -> None:
     # Whole episodes (median 1.1k tokens, ~3k by turn 20) fit the context; single-turn stays 1024.
     assert sw["teacher"].max_positions >= 4096 and sw["student"].max_positions >= 4096  # type: ignore[union-attr]
     assert RECIPES["teacher"].max_positions == 1024  # type: ignore[union-attr]
+    # Half of each episode is the same instruction: run once per step (docs/sciworld.md).
+    assert sw["teacher"].share_prefix and sw["student"].share_prefix  # type: ignore[union-attr]
     domain = domain_config("sciworld")
     assert (
         recipe_key("teacher", domain)

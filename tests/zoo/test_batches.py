@@ -1,0 +1,97 @@
+"""A zoo step's layouts (padded, packed, shared prefix) train on one objective: equal loss and gradients."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from distill.zoo.recipes import ModelRecipe
+
+
+def _model_and_tokenizer(tiny_zoo: Any, arch: str) -> tuple[Any, Any]:
+    import torch
+    from transformers import AutoTokenizer
+
+    from distill.zoo.build import make_model
+
+    tok = AutoTokenizer.from_pretrained(tiny_zoo.tok_qwen)
+    recipe = ModelRecipe(
+        arch=arch, tokenizer="tok-qwen", hidden=32, layers=2, heads=2, kv_heads=1, intermediate=64,
+        steps=1, lr=1e-3, batch_size=7,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return make_model(recipe, tok), tok
+
+
+def _loss_and_grads(model: Any, loss_of: Any) -> tuple[Any, list[Any]]:
+    model.zero_grad()
+    loss = loss_of()
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def _assert_same(a: tuple[Any, list[Any]], b: tuple[Any, list[Any]]) -> None:
+    import torch
+
+    torch.testing.assert_close(b[0], a[0], rtol=1e-5, atol=1e-6)
+    for ga, gb in zip(a[1], b[1], strict=True):
+        torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_packed_batch_gives_the_padded_loss_and_gradients(tiny_zoo: Any, arch: str) -> None:
+    """`pack: true` trains on the same objective: loss and every gradient equal the padded batch's,
+    so no token attends across the examples sharing a row and no label crosses a seam."""
+    import torch
+
+    from distill.zoo.batches import packed_batch, padded_batch
+
+    model, tok = _model_and_tokenizer(tiny_zoo, arch)
+    gen = torch.Generator().manual_seed(1)
+    batch = []
+    for n in (23, 5, 17, 9, 30, 2, 12):  # uneven: several examples share a row, one row is alone
+        ids = torch.randint(5, len(tok), (n,), generator=gen).tolist()
+        prompt = n // 3
+        batch.append((ids, [-100] * prompt + ids[prompt:]))
+    packed, padded = packed_batch(batch, tok.pad_token_id), padded_batch(batch, tok.pad_token_id)
+    assert packed["input_ids"].shape == (4, 30)  # 98 tokens in rows of 30 instead of 7 rows
+    _assert_same(
+        _loss_and_grads(model, lambda: model(**padded, use_cache=False).loss),
+        _loss_and_grads(model, lambda: model(**packed, use_cache=False).loss),
+    )
+    # Same labelled tokens: each example's labels once, none at a seam.
+    assert int((packed["labels"] != -100).sum()) == sum(sum(x != -100 for x in lab[1:]) for _, lab in batch)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_shared_prefix_gives_the_padded_loss_and_gradients(tiny_zoo: Any, arch: str) -> None:
+    """`share_prefix: true` runs the common prefix once: the same loss and gradients as padded
+    rows, with prefix labels that differ between examples, uneven tails and one tail of a token."""
+    import torch
+
+    from distill.zoo.batches import common_prefix_length, padded_batch, shared_prefix_loss
+
+    model, tok = _model_and_tokenizer(tiny_zoo, arch)
+    gen = torch.Generator().manual_seed(2)
+    prefix = torch.randint(5, len(tok), (11,), generator=gen).tolist()
+    batch = []
+    for row, n in enumerate((9, 1, 14, 4)):
+        ids = prefix + torch.randint(5, len(tok), (n,), generator=gen).tolist()
+        # Row 0 labels everything, the others only part of the prefix, and row 3 none of it.
+        start = (0, 4, 7, 11)[row]
+        batch.append((ids, [-100] * start + ids[start:]))
+    assert common_prefix_length(batch) == 11
+    padded = padded_batch(batch, tok.pad_token_id)
+    _assert_same(
+        _loss_and_grads(model, lambda: model(**padded, use_cache=False).loss),
+        _loss_and_grads(model, lambda: shared_prefix_loss(model, batch, tok.pad_token_id)),
+    )
+
+
+def test_the_common_prefix_leaves_every_example_a_token_of_its_own() -> None:
+    from distill.zoo.batches import common_prefix_length
+
+    assert common_prefix_length([([1, 2, 3], []), ([1, 2, 3, 4], [])]) == 2
+    assert common_prefix_length([([1, 2, 3], []), ([1, 5, 3], [])]) == 1
+    assert common_prefix_length([([7, 2], []), ([1, 2], [])]) == 0
