@@ -53,6 +53,7 @@ _ADDED_FIELDS = {
     "episode_loss": "turns",
     "vocab_size": None,
     "privileged_share": 0.0,
+    "privileged_items": None,
     "pack": False,
     "share_prefix": False,
 }
@@ -229,13 +230,15 @@ def supervised_examples(
     corrupt_prob: float = 0.0,
     seed: int = 0,
     privileged_share: float = 0.0,
+    privileged_pool: list[Any] | None = None,
 ) -> list[Example]:
     """(input_ids, labels) with labels -100 on the prompt: CE on the assistant response only.
 
     With `corrupt_prob`, that share of examples carries one wrong intermediate step whose tokens
     are masked from the loss (see `Domain.solution_segments`). With `privileged_share`, that share
     of items is also seen once with OPSD's privileged prompt (the reference template around the
-    problem and its privileged context), so the model can read the view an OPSD teacher gets.
+    problem and its privileged context), so the model can read the view an OPSD teacher gets;
+    those items come from `privileged_pool` where given, else from `items`.
     """
     import random
 
@@ -245,7 +248,8 @@ def supervised_examples(
     rng = random.Random(seed)
     examples = []
     # No draw at share 0: existing recipes' examples (and corruptions) stay exactly as they were.
-    privileged = [item for item in items if privileged_share and rng.random() < privileged_share]
+    pool = items if privileged_pool is None else privileged_pool
+    privileged = [item for item in pool if privileged_share and rng.random() < privileged_share]
     views = [(item, item.prompt) for item in items] + [
         (
             item,
@@ -324,15 +328,17 @@ def _build_model(
 
 def _solution_examples(domain: Domain, name: str, recipe: ModelRecipe, tokenizer: Any) -> list[Example]:
     items = domain.train_items()
-    if recipe.data_items is not None:
-        items = items[: recipe.data_items]
+    pool = None
+    if recipe.privileged_items is not None:
+        pool = [i for i in items[: recipe.privileged_items] if i.solution]
     examples = supervised_examples(
         tokenizer,
         domain,
-        [i for i in items if i.solution],
+        [i for i in items[: recipe.data_items] if i.solution],
         recipe.corrupt_prob,
         recipe.seed,
         recipe.privileged_share,
+        pool,
     )
     if not examples:
         raise ValueError(f"zoo {name}: the domain gave no worked solutions to train on")

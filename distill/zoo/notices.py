@@ -50,11 +50,11 @@ TYPICAL_SECONDS: dict[str, dict[str, float]] = {
         "tok-qwen": 10,
         "tok-llama": 10,
         "student": 47,
-        "student-privileged": 444,
+        "student-privileged": 341,
         "teacher": 166,
         "teacher-llama": 320,
     },
-    "dapo": {"tok-qwen": 10, "student-privileged": 702, "teacher": 403},
+    "dapo": {"tok-qwen": 10, "student-privileged": 382, "teacher": 403},
     "sciworld": {"tok-qwen": 41, "student": 129, "teacher": 237},
 }
 

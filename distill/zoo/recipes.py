@@ -52,6 +52,10 @@ class ModelRecipe(BaseModel):
     # around problem and solution): a model that never read one has no privileged view to
     # distil from (rlve opsd 45% -> 0% before). Single-turn domains.
     privileged_share: float = Field(0.0, ge=0, le=1)
+    # Where that privileged view draws its items: the first `privileged_items` training items
+    # (None: the plain view's, `data_items`). Reading a solution is a skill learnt across many
+    # problems; on the plain view's 256 alone a student half memorises them instead.
+    privileged_items: int | None = Field(None, ge=1)
     # Pack each step's examples into as few rows as they fit (each row as wide as the step's
     # longest example; attention kept inside each example by restarting position ids), instead
     # of one padded row each: the same examples and loss, without the padding's compute (rlve's
@@ -97,12 +101,13 @@ RECIPES: dict[str, Recipe] = {
         arch="llama", tokenizer="tok-llama", steps=400, lr=3e-3, batch_size=64, corrupt_prob=0.3
     ),
     "student": student_shape(steps=300, lr=3e-3, batch_size=32, data_items=256),
-    # The student's data, each item also once under OPSD's privileged prompt, for three times the
-    # steps: a model whose privileged view is a better teacher than its plain one (rlve: 81.0%
-    # against 66.5%; at 600 steps 69.0 against 56.0), so OPSD has something to distil
-    # (docs/grid.md). Single-turn domains.
+    # The student's 256 items, and every training item under OPSD's privileged prompt: a model
+    # that reads the solution (privileged: rlve 100.0%, dapo 99.0%) and is as weak as the zoo
+    # student without it (45.0%, 11.5%), so OPSD has a teacher to distil from. With the
+    # privileged view of its own 256 items only it half memorised them instead (rlve 69.5 / 76.0%,
+    # dapo 29.5 / 26.0%; docs/grid.md). Single-turn domains.
     "student-privileged": student_shape(
-        steps=900, lr=3e-3, batch_size=32, data_items=256, privileged_share=1.0
+        steps=900, lr=3e-3, batch_size=32, data_items=256, privileged_share=1.0, privileged_items=4096
     ),
 }
 

@@ -95,3 +95,35 @@ def test_the_common_prefix_leaves_every_example_a_token_of_its_own() -> None:
     assert common_prefix_length([([1, 2, 3], []), ([1, 2, 3, 4], [])]) == 2
     assert common_prefix_length([([1, 2, 3], []), ([1, 5, 3], [])]) == 1
     assert common_prefix_length([([7, 2], []), ([1, 2], [])]) == 0
+
+
+@pytest.mark.parametrize("share_prefix", [False, True])
+def test_the_fit_loop_runs_the_layout_its_recipe_names(tiny_zoo: Any, share_prefix: bool) -> None:
+    """`fit_examples` on a recipe with `share_prefix` runs the common prefix through the model
+    once per step (counted at the embedding), and every row in full without it."""
+    import torch
+
+    from distill.zoo.build import fit_examples
+
+    model, tok = _model_and_tokenizer(tiny_zoo, "qwen3")
+    gen = torch.Generator().manual_seed(3)
+    prefix = torch.randint(5, len(tok), (40,), generator=gen).tolist()
+    examples = [
+        (ids, list(ids))
+        for ids in (prefix + torch.randint(5, len(tok), (6,), generator=gen).tolist() for _ in range(3))
+    ]
+    recipe = ModelRecipe(
+        arch="qwen3", tokenizer="tok-qwen", hidden=32, layers=2, heads=2, kv_heads=1, intermediate=64,
+        steps=2, lr=1e-3, batch_size=4, warmup_steps=1, share_prefix=share_prefix,
+    )  # fmt: skip
+    tokens: list[int] = []
+    hook = model.get_input_embeddings().register_forward_hook(
+        lambda _m, inp, _o: tokens.append(inp[0].numel())
+    )
+    try:
+        loss = fit_examples(model, tok, examples, recipe, 4, "fit", show_progress=False)
+    finally:
+        hook.remove()
+    assert loss == loss  # a number, not NaN
+    # 2 steps of 4 rows of 46 tokens; shared: each step 40 prefix tokens once, then 4 tails of 6.
+    assert tokens == ([40, 24] * 2 if share_prefix else [4 * 46] * 2)

@@ -79,7 +79,11 @@ def test_key_depends_on_recipe_tokenizer_and_data(tiny_zoo: Any) -> None:
     assert recipe_key("teacher", domain, same) == base
     changed = dict(TINY_RECIPES, teacher=teacher.model_copy(update={"episode_loss": "all"}))
     assert recipe_key("teacher", domain, changed) != base
-    for field, default, other in (("privileged_share", 0.0, 0.5), ("share_prefix", False, True)):
+    for field, default, other in (
+        ("privileged_share", 0.0, 0.5),
+        ("privileged_items", None, 64),
+        ("share_prefix", False, True),
+    ):
         at_default = dict(TINY_RECIPES, teacher=teacher.model_copy(update={field: default}))
         assert recipe_key("teacher", domain, at_default) == base
         moved = dict(TINY_RECIPES, teacher=teacher.model_copy(update={field: other}))
@@ -246,6 +250,34 @@ def test_privileged_share_adds_opsd_views_of_some_items(tiny_zoo: Any) -> None:
         prompt = tok.decode([t for t, y in zip(ids, labels, strict=True) if y == -100])
         target = tok.decode([y for y in labels if y != -100], skip_special_tokens=True)
         assert "=== Reference Solution Begin ===" in prompt and target.strip() in prompt
+    # With a pool, the privileged views are of the pool's items (here none of the plain ones).
+    pool = [i for i in domain.train_items() if i.solution][40:70]
+    pooled = supervised_examples(tok, domain, items, privileged_share=1.0, privileged_pool=pool)
+    assert pooled[: len(plain)] == plain and len(pooled) == len(plain) + len(pool)
+    for item, (ids, labels) in zip(pool, pooled[len(plain) :], strict=True):
+        prompt = tok.decode([t for t, y in zip(ids, labels, strict=True) if y == -100])
+        assert "=== Reference Solution Begin ===" in prompt and item.solution.strip() in prompt
+
+
+def test_privileged_items_widen_the_privileged_view_beyond_the_students_slice(tiny_zoo: Any) -> None:
+    """`privileged_items` (zoo:student-privileged): the plain view stays on the first
+    `data_items` items, the privileged view covers the first `privileged_items`."""
+    from transformers import AutoTokenizer
+
+    from distill.domains import build_domain
+    from distill.zoo.build import _solution_examples
+    from distill.zoo.recipes import student_shape
+
+    tok = AutoTokenizer.from_pretrained(tiny_zoo.tok_qwen)
+    domain = build_domain(tiny_zoo.domain)
+    items = domain.train_items()
+    recipe = student_shape(steps=1, lr=1e-3, batch_size=1, data_items=6, privileged_share=1.0)
+    same = _solution_examples(domain, "s", recipe, tok)
+    wide = _solution_examples(domain, "s", recipe.model_copy(update={"privileged_items": 20}), tok)
+    assert len(same) == 6 + 6 and len(wide) == 6 + 20 and wide[:6] == same[:6]
+    for item, (ids, labels) in zip(items[:20], wide[6:], strict=True):
+        prompt = tok.decode([t for t, y in zip(ids, labels, strict=True) if y == -100])
+        assert "=== Reference Solution Begin ===" in prompt and item.solution.strip() in prompt
 
 
 def test_a_privileged_recipe_is_refused_for_an_episodic_domain_before_anything_exists(tmp_path: Path) -> None:
