@@ -231,6 +231,11 @@ def test_save_model_keeps_the_shard_bar_out_and_restores_it(
     assert hf_logging.is_progress_bar_enabled()
 
 
+def _prompt_text(tok: Any, ids: list[int], labels: list[int]) -> str:
+    """The prompt of a supervised example: its tokens without a label."""
+    return tok.decode([t for t, y in zip(ids, labels, strict=True) if y == -100])
+
+
 def test_privileged_share_adds_opsd_views_of_some_items(tiny_zoo: Any) -> None:
     """A recipe's `privileged_share` adds, for that share of items, an example whose prompt is
     OPSD's teacher view (the reference template with the solution) and whose target is the same
@@ -247,7 +252,7 @@ def test_privileged_share_adds_opsd_views_of_some_items(tiny_zoo: Any) -> None:
     both = supervised_examples(tok, domain, items, privileged_share=0.5, seed=1)
     assert both[: len(plain)] == plain and 10 <= len(both) - len(plain) <= 30
     for ids, labels in both[len(plain) :]:
-        prompt = tok.decode([t for t, y in zip(ids, labels, strict=True) if y == -100])
+        prompt = _prompt_text(tok, ids, labels)
         target = tok.decode([y for y in labels if y != -100], skip_special_tokens=True)
         assert "=== Reference Solution Begin ===" in prompt and target.strip() in prompt
     # With a pool, the privileged views are of the pool's items (here none of the plain ones).
@@ -255,7 +260,7 @@ def test_privileged_share_adds_opsd_views_of_some_items(tiny_zoo: Any) -> None:
     pooled = supervised_examples(tok, domain, items, privileged_share=1.0, privileged_pool=pool)
     assert pooled[: len(plain)] == plain and len(pooled) == len(plain) + len(pool)
     for item, (ids, labels) in zip(pool, pooled[len(plain) :], strict=True):
-        prompt = tok.decode([t for t, y in zip(ids, labels, strict=True) if y == -100])
+        prompt = _prompt_text(tok, ids, labels)
         assert "=== Reference Solution Begin ===" in prompt and item.solution.strip() in prompt
 
 
@@ -276,7 +281,7 @@ def test_privileged_items_widen_the_privileged_view_beyond_the_students_slice(ti
     wide = _solution_examples(domain, "s", recipe.model_copy(update={"privileged_items": 20}), tok)
     assert len(same) == 6 + 6 and len(wide) == 6 + 20 and wide[:6] == same[:6]
     for item, (ids, labels) in zip(items[:20], wide[6:], strict=True):
-        prompt = tok.decode([t for t, y in zip(ids, labels, strict=True) if y == -100])
+        prompt = _prompt_text(tok, ids, labels)
         assert "=== Reference Solution Begin ===" in prompt and item.solution.strip() in prompt
 
 
