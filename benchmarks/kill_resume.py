@@ -164,8 +164,21 @@ def draw_moment(rng: random.Random, setup: Setup, save: bool, resumable: bool = 
             rng.choice(saves[1:] if resumable and len(saves) > 1 else saves),
             rng.uniform(0.001, 0.040),
         )
+    # At most the last step but one: a step's worth of work is left after the kill, so the kill
+    # never lands after a short run has already finished (and marked itself so) but not yet exited.
+    last = max(setup.steps - 2, 1)
     first = setup.every + 1 if resumable else 1
-    return Moment("step", rng.randint(min(first, setup.steps - 1), setup.steps - 1), rng.uniform(0.0, 0.25))
+    return Moment("step", rng.randint(min(first, last), last), rng.uniform(0.0, 0.25))
+
+
+def _wait_or_next_step(run_dir: Path, moment: Moment) -> None:
+    """Sleep `moment.delay_s`, but no later than the next step's line (a fast step must not
+    carry the kill past the rest of the run)."""
+    until = time.monotonic() + moment.delay_s
+    while time.monotonic() < until:
+        if moment.kind == "step" and _trained_steps(run_dir) > moment.step:
+            return
+        time.sleep(min(0.005, max(until - time.monotonic(), 0.0)))
 
 
 def kill_at(proc: subprocess.Popen[bytes], run_dir: Path, moment: Moment, timeout: float = 600) -> bool:
@@ -178,7 +191,7 @@ def kill_at(proc: subprocess.Popen[bytes], run_dir: Path, moment: Moment, timeou
         else:
             reached = _trained_steps(run_dir) >= moment.step
         if reached:
-            time.sleep(moment.delay_s)
+            _wait_or_next_step(run_dir, moment)
             break
         time.sleep(0.002 if moment.kind == "save" else 0.01)
     if proc.poll() is not None:
