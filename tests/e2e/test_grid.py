@@ -52,7 +52,7 @@ def test_grid_killed_mid_cell_resumes_to_one_table(tmp_path: Path, tiny_zoo) -> 
     while time.time() < deadline and proc.poll() is None:
         if any(s >= 3 for s in _train_steps(opd)):  # past its step-2 checkpoint, before its end
             break
-        time.sleep(0.2)
+        time.sleep(0.02)  # a tiny step takes ~0.1 s: a coarse poll could miss the run's last steps
     assert proc.poll() is None, log.read_text()[-3000:]
     proc.send_signal(signal.SIGKILL)
     proc.wait()
