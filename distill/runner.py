@@ -111,7 +111,7 @@ def _execute(
         config = run.read_config()
         summary = run.read_summary()
         resume_from = run.last_checkpoint()
-        run.trim_metrics(int(resume_from.name[5:]) if resume_from else 0)
+        run.trim_metrics(int(resume_from.name[5:]) if resume_from else 0, config.optim.max_steps)
         summary.setdefault("tracking_uri", resolve_tracking_uri(config, settings))
         # The manifest keeps the command that started the run; each resume is recorded beside it.
         summary.setdefault("argv", _manifest_argv(run) or argv)
@@ -313,7 +313,7 @@ def _prepare(
 
 
 def _train_and_evaluate(job: Job, domains: list[Domain]) -> None:
-    from distill.methods.context import RunContext
+    from distill.methods.context import RunContext, train_or_take_final
     from distill.tracking.steplog import StepLog
 
     config, run, tracker, summary, say = job.config, job.run, job.tracker, job.summary, job.say
@@ -356,8 +356,7 @@ def _train_and_evaluate(job: Job, domains: list[Domain]) -> None:
         say=say,
     )
     say(f"training: {config.method.name} for {config.optim.max_steps} steps")
-    train(ctx)
-    student = ctx.student
+    student = train_or_take_final(ctx, train)
     student.model.eval()
     summary["student_after"] = evaluate(student, "eval: student (after)", config.optim.max_steps, "").metrics
     summary["steps"] = config.optim.max_steps

@@ -60,3 +60,23 @@ class RunContext:
         if not isinstance(self.teacher, HFEngine):
             raise ValueError(f"{self.config.method.name}: this path needs the teacher's weights in-process")
         return self.teacher
+
+
+def train_or_take_final(ctx: RunContext, train: Callable[[RunContext], None]) -> HFEngine:
+    """Train, or, when the resume's checkpoint already holds the last step (a run stopped in its
+    final eval), take that checkpoint's weights: transformers' Trainer resumed at `max_steps`
+    would still run one more step before it checks the limit."""
+    done = ctx.resume_from
+    if done is None or int(done.name[5:]) < ctx.config.optim.max_steps:
+        train(ctx)
+        return ctx.student
+    import torch
+
+    from distill.engines.hf import HFEngine
+
+    ctx.say(f"training: all {ctx.config.optim.max_steps} steps are in {done.name}; the final eval follows")
+    spec = ctx.config.student
+    final = HFEngine.load(str(done), spec.precision, spec.enable_thinking)
+    # Where training left the student (a GPU run); torch's `to`, which transformers' typing hides.
+    torch.nn.Module.to(final.model, ctx.student.model.device)
+    return final

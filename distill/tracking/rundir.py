@@ -273,11 +273,17 @@ class RunDir:
                     points.append((key, float(value), row["step"]))
         return points
 
-    def trim_metrics(self, last_step: int) -> None:
-        """On resume, drop metric lines past the checkpoint: those steps are trained again."""
+    def trim_metrics(self, last_step: int, final_step: int) -> None:
+        """On resume, drop metric lines past the checkpoint (those steps are trained again) and
+        the final eval's lines at `final_step` (written after that step's checkpoint, it runs again)."""
         if not self.metrics.exists():
             return
-        kept = [json.dumps(row) for row in self.metric_rows() if row["step"] <= last_step]
+        kept = [
+            json.dumps(row)
+            for row in self.metric_rows()
+            if row["step"] <= last_step
+            and not (row["step"] == final_step and any(k.startswith("eval/") for k in row))
+        ]
         self._replace(self.metrics, "".join(line + "\n" for line in kept))
 
     def _replace(self, path: Path, text: str) -> None:

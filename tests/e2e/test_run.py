@@ -413,3 +413,66 @@ def test_resume_refuses_models_that_changed_since_the_run_started(tmp_path: Path
     assert "models changed since it started" in refused.stderr and "student" in refused.stderr, refused.stderr
     # The record of what the run started from is untouched by the refused attempt.
     assert json.loads((run_dir / "manifest.json").read_text())["start"] == manifest["start"]
+
+
+def test_resume_from_the_last_steps_checkpoint_trains_nothing_more(tmp_path: Path, tiny_zoo) -> None:
+    """A run stopped in its final eval resumes from the checkpoint of its last step: the final
+    eval on those weights, and no extra step (transformers' Trainer, resumed at max_steps, ran
+    one step before it checked the limit: "step 9/8" once in the test suite)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from distill.engines.hf import HFEngine
+    from distill.methods.context import train_or_take_final
+
+    ws, run_dir = tmp_path / "ws", tmp_path / "ws" / "runs" / "ended"
+    done = _distill(
+        [
+            "run",
+            "--domain",
+            "rlve",
+            "--method",
+            "opd",
+            *_overrides(tiny_zoo, 2, 1),
+            "tracking.run_name=ended",
+        ],
+        ws,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    # As a kill in the final eval leaves it.
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "status": "KILLED"}))
+    resumed = _distill(["run", "--resume", "ended"], ws)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "all 2 steps are in step-2; the final eval follows" in resumed.stdout + resumed.stderr
+    assert _train_steps(run_dir) == [1, 2]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step-*")) == ["step-1", "step-2"]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "FINISHED"
+    assert_level(_client(ws), run_dir)
+
+    # The weights the final eval gets are the checkpoint's, not the start's; an earlier checkpoint trains.
+    config = SimpleNamespace(
+        optim=SimpleNamespace(max_steps=2), student=SimpleNamespace(precision="fp32", enable_thinking=None)
+    )
+    trained: list[int] = []
+    for step in (2, 1):
+        start = HFEngine.load(str(tiny_zoo.student))
+        ctx = SimpleNamespace(
+            config=config, resume_from=run_dir / "checkpoints" / f"step-{step}", student=start, say=print
+        )
+        out = train_or_take_final(ctx, lambda c, s=step: trained.append(s))  # type: ignore[arg-type]
+        if step == 2:
+            final = HFEngine.load(str(run_dir / "checkpoints" / "step-2"))
+            pairs = zip(out.model.state_dict().values(), final.model.state_dict().values(), strict=True)
+            assert all(torch.equal(a, b) for a, b in pairs) and out is not start
+            moved = [
+                not torch.equal(a, b)
+                for a, b in zip(
+                    start.model.state_dict().values(), final.model.state_dict().values(), strict=True
+                )
+            ]
+            assert any(moved)  # training changed the weights: the comparison above means something
+        else:
+            assert out is start
+    assert trained == [1]

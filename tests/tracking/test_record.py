@@ -99,7 +99,7 @@ def made(tmp_path: Path, store: str) -> tuple[Settings, RunDir, dict[str, Any]]:
 def test_a_resume_replays_the_trimmed_file_into_a_fresh_run_that_replaces_the_old(made: Any) -> None:
     settings, run, ids = made
     uri = settings.resolved_tracking_uri
-    run.trim_metrics(4)  # what `--resume` does first: steps 5-7 are trained again
+    run.trim_metrics(4, 7)  # what `--resume` does first: steps 5-7 are trained again
     summary = run.read_summary()
     said: list[str] = []
     tracker = open_run_tracker(
@@ -176,7 +176,7 @@ def test_repair_replaces_an_mlflow_run_that_holds_points_the_file_lost(made: Any
     settings, run, ids = made
     uri = settings.resolved_tracking_uri
     # A resume trimmed metrics.jsonl to its checkpoint, then failed before it reached the store.
-    run.trim_metrics(4)
+    run.trim_metrics(4, 7)
     summary = run.read_summary()
     summary.update(status="FAILED", error="MlflowException: store unreachable")
     run.write_summary(summary)

@@ -66,5 +66,21 @@ def test_a_line_cut_short_by_a_kill_is_dropped_and_non_finite_values_come_back(t
     assert ("train/loss", 1.5, 1) in points and ("train/loss", 1.0, 2) in points
     [nan] = [p for p in points if p[0] == "kl/x"]
     assert nan[1] != nan[1] and nan[2] == 1  # NaN, at its step
-    run.trim_metrics(1)
+    run.trim_metrics(1, 2)
     assert [json.loads(line) for line in run.metrics.read_text().splitlines()] == rows[:1]
+
+
+def test_a_resume_from_the_last_steps_checkpoint_drops_the_final_eval_only(tmp_path: Path) -> None:
+    """The final eval's lines sit at the last step but come after its checkpoint: the resume runs
+    that eval again, so they go; the step's training line and earlier evals stay."""
+    run = _make_run(tmp_path / "runs", "r")
+    rows = [
+        {"step": 0, "eval/rlve/accuracy": 0.1},
+        {"step": 1, "train/loss": 1.5},
+        {"step": 1, "eval/rlve/accuracy": 0.2},
+        {"step": 2, "train/loss": 1.0},
+        {"step": 2, "eval/rlve/accuracy": 0.3},
+    ]
+    run.metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run.trim_metrics(2, 2)
+    assert [json.loads(line) for line in run.metrics.read_text().splitlines()] == rows[:4]
