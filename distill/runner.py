@@ -457,7 +457,7 @@ def preflight_only(config: RunConfig, settings: Settings, say: Say) -> str:
 
 def train_worker(settings: Settings) -> dict[str, Any]:
     """Ranks > 0: train the run rank 0 created; log, evaluate and checkpoint nothing themselves."""
-    from distill.methods.context import RunContext
+    from distill.methods.context import RunContext, train_or_take_final
     from distill.tracking.base import NullTracker
     from distill.tracking.steplog import SilentLog
 
@@ -471,7 +471,11 @@ def train_worker(settings: Settings) -> dict[str, Any]:
         _worker_error(run)
         raise
     try:
-        train(RunContext(config, run, domain, student, teacher, SilentLog(NullTracker()), resume_from))
+        # As rank 0 does: no training at all when the resume's checkpoint holds the last step.
+        ctx = RunContext(
+            config, run, domain, student, teacher, SilentLog(NullTracker()), resume_from, say=lambda _: None
+        )
+        train_or_take_final(ctx, train)
     except BaseException:
         _worker_error(run)
         raise
