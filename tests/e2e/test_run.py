@@ -421,8 +421,6 @@ def test_resume_from_the_last_steps_checkpoint_trains_nothing_more(tmp_path: Pat
     one step before it checked the limit: "step 9/8" once in the test suite)."""
     from types import SimpleNamespace
 
-    import torch
-
     from distill.engines.hf import HFEngine
     from distill.methods.context import train_or_take_final
 
@@ -464,15 +462,15 @@ def test_resume_from_the_last_steps_checkpoint_trains_nothing_more(tmp_path: Pat
         out = train_or_take_final(ctx, lambda c, s=step: trained.append(s))  # type: ignore[arg-type]
         if step == 2:
             final = HFEngine.load(str(run_dir / "checkpoints" / "step-2"))
-            pairs = zip(out.model.state_dict().values(), final.model.state_dict().values(), strict=True)
-            assert all(torch.equal(a, b) for a, b in pairs) and out is not start
-            moved = [
-                not torch.equal(a, b)
-                for a, b in zip(
-                    start.model.state_dict().values(), final.model.state_dict().values(), strict=True
-                )
-            ]
-            assert any(moved)  # training changed the weights: the comparison above means something
+            assert _same_weights(out, final) and out is not start
+            assert not _same_weights(start, final)  # training moved them: the line above means something
         else:
             assert out is start
     assert trained == [1]
+
+
+def _same_weights(a: Any, b: Any) -> bool:
+    import torch
+
+    pairs = zip(a.model.state_dict().values(), b.model.state_dict().values(), strict=True)
+    return all(torch.equal(x, y) for x, y in pairs)
