@@ -59,18 +59,12 @@ _ADDED_FIELDS = {
 }
 
 
-def _lookup(name: str, recipes: Mapping[str, Recipe], domain: str | None = None) -> Recipe:
-    """The recipe of `name`; with `domain`, also refused where it cannot be built (before any
-    folder or lock of it exists)."""
-    from distill.zoo.recipes import refusal
-
+def _lookup(name: str, recipes: Mapping[str, Recipe]) -> Recipe:
+    """The recipe of `name` (refused before any folder or lock of it exists)."""
     try:
-        recipe = recipes[name]
+        return recipes[name]
     except KeyError:
         raise ValueError(f"unknown zoo model {name!r}; known: {', '.join(sorted(recipes))}") from None
-    if domain is not None and (why := refusal(name, recipe, domain)):
-        raise ValueError(why)
-    return recipe
 
 
 def recipe_key(name: str, domain: DomainBase, recipes: Mapping[str, Recipe] | None = None) -> str:
@@ -122,7 +116,7 @@ def ensure_built(
 
     if recipes is None:
         recipes = recipes_for(domain_config.name)
-    recipe = _lookup(name, recipes, domain_config.name)
+    recipe = _lookup(name, recipes)
     target = entry_dir(root, name, domain_config, recipes)
     lock = Path(str(target) + ".lock")
     if (target / "zoo.json").exists():

@@ -90,15 +90,13 @@ def check_model_name(name: str, domain: str, label: str, tokenizer_only: bool = 
     if not name.strip():
         raise ConfigError(f"{label}: empty model name")
     if name.startswith(PREFIX):
-        from distill.zoo.recipes import recipes_for, refusal
+        from distill.zoo.recipes import recipes_for
 
         known = recipes_for(domain)
         if name[len(PREFIX) :] not in known:
             raise ConfigError(
                 f"{label}: unknown zoo model {name!r}; known: {', '.join(PREFIX + k for k in sorted(known))}"
             )
-        if why := refusal(name[len(PREFIX) :], known[name[len(PREFIX) :]], domain):
-            raise ConfigError(f"{label}: {why}")
         return
     if is_path_like(name):
         check_folder(Path(name).expanduser(), label, tokenizer_only)

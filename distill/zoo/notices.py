@@ -55,7 +55,7 @@ TYPICAL_SECONDS: dict[str, dict[str, float]] = {
         "teacher-llama": 320,
     },
     "dapo": {"tok-qwen": 10, "student-privileged": 382, "teacher": 403},
-    "sciworld": {"tok-qwen": 41, "student": 129, "teacher": 237},
+    "sciworld": {"tok-qwen": 41, "student": 129, "student-privileged": 138, "teacher": 237},
 }
 
 

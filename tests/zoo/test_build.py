@@ -283,13 +283,3 @@ def test_privileged_items_widen_the_privileged_view_beyond_the_students_slice(ti
     for item, (ids, labels) in zip(items[:20], wide[6:], strict=True):
         prompt = _prompt_text(tok, ids, labels)
         assert "=== Reference Solution Begin ===" in prompt and item.solution.strip() in prompt
-
-
-def test_a_privileged_recipe_is_refused_for_an_episodic_domain_before_anything_exists(tmp_path: Path) -> None:
-    from distill.config import domain_config
-    from distill.zoo.recipes import student_shape
-
-    recipes = {"student-privileged": student_shape(steps=1, lr=1e-3, batch_size=1, privileged_share=1.0)}
-    with pytest.raises(ValueError, match="privileged_share is for single-turn domains, not sciworld"):
-        ensure_built(tmp_path, "student-privileged", domain_config("sciworld"), False, recipes)
-    assert not any(tmp_path.iterdir())

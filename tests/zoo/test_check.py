@@ -45,12 +45,9 @@ def test_zoo_names_are_checked_against_the_domain_recipes() -> None:
         ConfigError, match=r"teacher.name: unknown zoo model 'zoo:nope'; known: .*zoo:teacher"
     ):
         check_model_name("zoo:nope", "rlve", "teacher.name")
-    # OPSD's privileged-prompt student is for single-turn domains: refused by name on SciWorld.
+    # OPSD's privileged-prompt student exists for every domain (SciWorld: the gold plan's view).
     check_model_name("zoo:student-privileged", "dapo", "student.name")
-    with pytest.raises(
-        ConfigError, match="student.name: zoo student-privileged: privileged_share is for single-turn"
-    ):
-        check_model_name("zoo:student-privileged", "sciworld", "student.name")
+    check_model_name("zoo:student-privileged", "sciworld", "student.name")
 
 
 def test_hub_ids_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -13,7 +14,7 @@ from distill.domains.sciworld import SciWorldDomain
 from distill.domains.sciworld.config import SciWorldDomainConfig
 from distill.episodes.data import IGNORE, replay_gold
 from distill.episodes.episode import frame_for
-from distill.zoo.episodes import training_examples
+from distill.zoo.episodes import agent_examples, privileged_examples, training_examples
 
 SW = SciWorldDomain(SciWorldDomainConfig())
 
@@ -122,3 +123,69 @@ def test_episodes_share_their_instruction_and_train_on_it_once(item: Item, tiny_
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
     for a, b in zip(results[0][1], results[1][1], strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_privileged_examples_put_the_gold_plan_in_the_first_message_only(item: Item, tiny_zoo: Any) -> None:
+    """OPSD's student (`privileged_share`): the gold episode again with its first user message in
+    OPSD's template around the gold plan, the very view OPSD's teacher scores from at run time;
+    every later token and label the plain episode's, the rewritten start unlabelled."""
+    from transformers import AutoTokenizer
+
+    from distill.config import OPSDMethod
+    from distill.methods.opsd import teacher_message
+
+    tok = AutoTokenizer.from_pretrained(tiny_zoo.tok_qwen)
+    ((ids, labels),) = training_examples([item], SW, tok, "turns")
+    ((view_ids, view_labels),) = privileged_examples([item], SW, tok, "turns", 1.0)
+    ep = replay_gold(item, SW, tok, frame_for(tok, None))
+    start, _ = ep.privileged_prompt(teacher_message(OPSDMethod(), SW, item, ep.first_message))
+    end = ep.spans[0][1]
+    assert view_ids == start + ids[end:]
+    assert view_labels == [IGNORE] * len(start) + labels[end:]
+    plan = "A plan that solves this task: open door to hallway; go to hallway;"
+    assert plan in tok.decode(start) and "Reference Solution Begin" in tok.decode(start)
+    assert "A plan" not in tok.decode(ids)
+    # The share is drawn per item from the seed's own stream.
+    many = [dataclasses.replace(item, id=f"sciworld_{i}") for i in range(40)]
+    half = privileged_examples(many, SW, tok, "turns", 0.5, seed=1)
+    assert 8 < len(half) < 32 and half == privileged_examples(many, SW, tok, "turns", 0.5, seed=1)
+    assert privileged_examples(many, SW, tok, "turns", 0.0) == []
+
+
+class _Recorded(SciWorldDomain):
+    """SciWorld with the fixture's recorded gold episodes as its training items (no simulator)."""
+
+    def __init__(self, items: list[Item]) -> None:
+        super().__init__(SciWorldDomainConfig())
+        self._recorded = items
+
+    def train_items(self) -> list[Item]:
+        return self._recorded
+
+
+def test_a_privileged_recipe_adds_the_plan_view_of_its_pool_to_the_plain_slice(
+    item: Item, tiny_zoo: Any
+) -> None:
+    """zoo:student-privileged on an episodic domain: the student's plain slice (at most an eighth
+    of the episodes), plus the privileged view of the first `privileged_items` episodes."""
+    from transformers import AutoTokenizer
+
+    from distill.zoo.recipes import student_shape
+
+    tok = AutoTokenizer.from_pretrained(tiny_zoo.tok_qwen)
+    steps = item.meta["steps"]
+    many = [
+        dataclasses.replace(item, id=f"sciworld_{i}", meta={**item.meta, "steps": steps[: 2 + i % 5]})
+        for i in range(48)
+    ]
+    domain = _Recorded(many)
+    recipe = student_shape(steps=1, lr=1e-3, batch_size=4, data_items=32, max_positions=4096)
+    plain, _, extra = agent_examples(domain, "student", recipe, tok)
+    assert plain == training_examples(many[:6], SW, tok, "turns") and "privileged_episodes" not in extra
+    wide = recipe.model_copy(update={"privileged_share": 1.0, "privileged_items": 20})
+    both, _, extra = agent_examples(domain, "student-privileged", wide, tok)
+    assert both[:6] == plain and extra["privileged_episodes"] == 20
+    assert both[6:] == privileged_examples(many[:20], SW, tok, "turns", 1.0)
+    # Without `privileged_items` the plan view covers the plain slice only.
+    own, _, _ = agent_examples(domain, "s", wide.model_copy(update={"privileged_items": None}), tok)
+    assert own[6:] == privileged_examples(many[:6], SW, tok, "turns", 1.0)
