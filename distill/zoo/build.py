@@ -217,6 +217,15 @@ def make_model(recipe: ModelRecipe, tokenizer: Any) -> Any:
     raise ValueError(f"zoo recipe: unknown arch {recipe.arch!r}")
 
 
+def privileged_prompt(domain: Domain, item: Any, problem: str) -> str:
+    """OPSD's privileged view of `problem` (an episode's first user message, else the prompt) in
+    the default `method.teacher_template`, as `methods.opsd.teacher_message` builds it at run time:
+    what the zoo's privileged recipes train on."""
+    from distill.config.models import OPSD_TEMPLATE
+
+    return OPSD_TEMPLATE.format(problem=problem.strip(), solution=domain.privileged_context(item).strip())
+
+
 def supervised_examples(
     tokenizer: Any,
     domain: Domain,
@@ -236,7 +245,6 @@ def supervised_examples(
     """
     import random
 
-    from distill.config.models import OPSD_TEMPLATE
     from distill.engines.base import encode_text, render_chat
 
     rng = random.Random(seed)
@@ -245,13 +253,7 @@ def supervised_examples(
     pool = items if privileged_pool is None else privileged_pool
     privileged = [item for item in pool if privileged_share and rng.random() < privileged_share]
     views = [(item, item.prompt) for item in items] + [
-        (
-            item,
-            OPSD_TEMPLATE.format(
-                problem=item.prompt.strip(), solution=domain.privileged_context(item).strip()
-            ),
-        )
-        for item in privileged
+        (item, privileged_prompt(domain, item, item.prompt)) for item in privileged
     ]
     for item, prompt_text in views:
         prompt = encode_text(tokenizer, render_chat(tokenizer, prompt_text))

@@ -115,10 +115,10 @@ def privileged_examples(
     start is never labelled: the model learns to act on the plan, not to write one."""
     import random
 
-    from distill.config.models import OPSD_TEMPLATE
     from distill.episodes.data import IGNORE, replay_gold
     from distill.episodes.episode import frame_for
     from distill.episodes.protocol import as_episodic
+    from distill.zoo.build import privileged_prompt
 
     frame = frame_for(tokenizer, None)
     rng = random.Random(f"privileged:{seed}")  # its own stream: the plain examples stay as they were
@@ -126,9 +126,6 @@ def privileged_examples(
     for item in [i for i in items if rng.random() < share]:
         ep = replay_gold(item, as_episodic(domain), tokenizer, frame)
         ids, labels = _labelled(ep, loss)
-        context = domain.privileged_context(item).strip()
-        view, end = ep.privileged_prompt(
-            OPSD_TEMPLATE.format(problem=ep.first_message.strip(), solution=context)
-        )
+        view, end = ep.privileged_prompt(privileged_prompt(domain, item, ep.first_message))
         out.append((view + ids[end:], [IGNORE] * len(view) + labels[end:]))
     return out
