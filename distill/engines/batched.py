@@ -107,23 +107,38 @@ class _Turn:
 def _reusable(
     rows: Sequence[Sequence[int]], caches: Sequence[KVCache | None]
 ) -> tuple[list[list[tuple[torch.Tensor, torch.Tensor]] | None], list[int]] | None:
-    """Per row: the cache layers that hold a prefix of it (or None) and that prefix's length;
-    None when a cache is of a kind `_stack` cannot take."""
+    """Per row: the cache layers of the ids it shares with the row's start (or None) and how
+    many those are; None when a cache is of a kind `_stack` cannot take. A cache may run past
+    the shared part (a turn cut short after it was written, `play.end_turn`): its layers are
+    cut to the shared ids, and the row prefills at least its last token."""
     reused: list[list[tuple[torch.Tensor, torch.Tensor]] | None] = []
     kept: list[int] = []
     for ids, cache in zip(rows, caches, strict=True):
         prefix = cache.ids if cache is not None and cache.past is not None else []
-        if 0 < len(prefix) < len(ids) and list(ids[: len(prefix)]) == prefix:
+        shared = _shared(prefix, ids)
+        if shared > 0:
             assert cache is not None
             layers = _layers(cache.past)
             if layers is None:
                 return None
-            reused.append(layers)
-            kept.append(len(prefix))
+            reused.append(
+                layers if shared == len(prefix) else [(k[:, :, :shared], v[:, :, :shared]) for k, v in layers]
+            )
+            kept.append(shared)
         else:
             reused.append(None)
             kept.append(0)
     return reused, kept
+
+
+def _shared(prefix: Sequence[int], ids: Sequence[int]) -> int:
+    """How many leading ids `prefix` and `ids` share, at most all but the last of `ids`."""
+    n = 0
+    for a, b in zip(prefix, ids[:-1], strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 def continue_many(

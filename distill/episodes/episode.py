@@ -88,6 +88,8 @@ class Turn:
     source_tokens: int | None = None
     # False when the turn crossed the tokenizer bridge lossily (its tokens are not trained on).
     seam_ok: bool = True
+    # True when the writer ran on past its action and the turn was ended there (`play.end_turn`).
+    stopped: bool = False
 
     @property
     def own_tokens(self) -> int:

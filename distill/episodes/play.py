@@ -229,8 +229,33 @@ def _write_turns(domain: EpisodicDomain, table: _Table, policy: Policy) -> None:
             source_tokens, seam_ok = (
                 (comp.source_tokens, comp.seam_ok) if isinstance(comp, BridgedCompletion) else (None, True)
             )
+            written = comp
+            if source_tokens is None:  # a bridged turn's ids are another tokenizer's text: kept whole
+                comp = end_turn(comp, domain.turn_end(comp.text), ep.tokenizer)
             action = domain.parse_action(comp.text)
-            ep.add_turn(agent.writer, comp.ids, comp.text, comp.truncated, action, source_tokens, seam_ok)
+            turn = ep.add_turn(
+                agent.writer, comp.ids, comp.text, comp.truncated, action, source_tokens, seam_ok
+            )
+            turn.stopped = comp is not written
+
+
+def end_turn(comp: Completion, end: int | None, tokenizer: PreTrainedTokenizerBase | None) -> Completion:
+    """`comp` ended where its domain says the turn ends (`EpisodicDomain.turn_end`, None: as it
+    is): the fewest of its ids whose text reaches `end`, then an EOS, as a stop string ends a
+    generation. What the writer wrote after that never enters the episode; the EOS is the
+    writer's (a trainer's mask 1), so a loss teaches ending the turn there."""
+    from distill.engines.base import Completion
+
+    if end is None:
+        return comp
+    if tokenizer is None or not comp.ids:
+        return Completion(ids=[], text=comp.text[:end], truncated=False)
+    head = comp.text[:end]
+    for k in range(1, len(comp.ids) + 1):
+        text = str(tokenizer.decode(comp.ids[:k], skip_special_tokens=True))
+        if text.startswith(head):
+            return Completion(ids=[*comp.ids[:k], int(tokenizer.eos_token_id)], text=text, truncated=False)
+    return comp  # no prefix of the ids decodes to the turn's text (cannot happen with its own ids)
 
 
 def _step(

@@ -92,6 +92,11 @@ class EpisodicDomain(Protocol):
         """The response text of a scripted turn that takes `action` (gold episodes)."""
         ...
 
+    def turn_end(self, response: str) -> int | None:
+        """Where a response that runs on past its action ends (a length of its text), or None to
+        keep it whole: `play()` ends the turn there with an EOS, as a stop string would."""
+        ...
+
     def reward(self, score: int) -> float:
         """A final score as a reward, 1.0 for a solved task."""
         ...

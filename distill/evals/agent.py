@@ -44,6 +44,8 @@ def summarize_episodes(
         "turns_mean": sum(len(ep.turns) for ep in episodes) / n,
         "invalid_action_rate": sum(not t.valid for t in turns) / max(len(turns), 1),
         "truncation_rate": sum(t.truncated for t in turns) / max(len(turns), 1),
+        # Turns that ran on past their action and were ended there (the domain's turn_end).
+        "stopped_rate": sum(t.stopped for t in turns) / max(len(turns), 1),
         "response_tokens_mean": sum(t.tokens for t in turns) / max(len(turns), 1),
         "env_step_time_s": sum(ep.env_seconds for ep in episodes) / max(len(turns), 1),
     }

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from distill.engines.base import KVCache
-from distill.engines.batched import sample
+from distill.engines.batched import _reusable, sample
 from distill.engines.hf import HFEngine
 
 
@@ -69,3 +69,22 @@ def test_sample_keeps_to_the_nucleus() -> None:
     share = (drawn == 0).float().mean().item()
     assert 0.55 < share < 0.70  # renormalised: 0.5 / 0.8 = 0.625
     assert sample(logits[:3], 0.0, 1.0).tolist() == [0, 0, 0]
+
+
+def test_a_cache_that_runs_past_the_row_is_cut_to_the_shared_ids(engine: HFEngine) -> None:
+    """A turn cut short after it was written (play.end_turn) leaves a cache holding ids the
+    episode no longer has: its shared part is reused, and the turn is what a cold start gives."""
+    rows = _episodes(engine)
+    first = engine.continue_many(rows, [None] * len(rows), 12)
+    # Each episode keeps 3 of its turn's ids, then goes on with other text.
+    onward = engine.encode("\nObservation: the turn was cut.\n")
+    seconds = [ids + c.ids[:3] + onward for ids, (c, _) in zip(rows, first, strict=True)]
+    found = _reusable(seconds, [k for _, k in first])
+    assert found is not None and found[1] == [len(ids) + 3 for ids in rows]  # the shared ids, reused
+    reused = engine.continue_many(seconds, [k for _, k in first], 10)
+    cold = engine.continue_many(seconds, [None] * len(seconds), 10)
+    assert [c.ids for c, _ in reused] == [c.ids for c, _ in cold]
+    for (_, k_reused), (_, k_cold) in zip(reused, cold, strict=True):
+        assert k_reused.ids == k_cold.ids
+        for a, b in zip(_keys(k_cold), _keys(k_reused), strict=True):
+            torch.testing.assert_close(b, a, atol=1e-5, rtol=0)

@@ -68,6 +68,33 @@ def test_gold_play_masks_and_replay(game: TextGame, tiny_zoo: Any) -> None:
     assert offline.ids == live.ids and offline.spans == live.spans and offline.score == live.score == 100
 
 
+@pytest.mark.parametrize("stop", [True, False])
+def test_a_turn_ends_at_the_domains_turn_end(stop: bool, tiny_zoo: Any) -> None:
+    """A writer that runs on past its action line: with the domain's `turn_end` the turn is its
+    ids up to the action, then an EOS the writer owns; without it the whole text stays."""
+    from transformers import AutoTokenizer
+
+    game = TextGame(TextGameConfig(stop_at_action=stop))
+    tok = AutoTokenizer.from_pretrained(tiny_zoo.tok_qwen)
+    chatty = ScriptedAgent(lambda a: f"Action: {a}\nThe counter is at 42. The target is 7.", writer="student")
+    items = [i for i in game.train_items() if len(i.meta["steps"]) >= 2][:2]
+    for ep, item in zip(
+        play(game, items, single(chatty), tok, frame_for(tok, None), gold=True), items, strict=True
+    ):
+        assert ep.error is None and ep.score == 100
+        for turn, step in zip(ep.turns, item.meta["steps"], strict=True):
+            assert turn.action == step["action"] and not turn.truncated and turn.ids[-1] == tok.eos_token_id
+            assert turn.stopped == stop
+            full = tok(chatty.action_text(step["action"]), add_special_tokens=False)["input_ids"]
+            if stop:
+                assert turn.response == f"Action: {step['action']}"
+                assert turn.ids[:-1] == full[: len(turn.ids) - 1] and len(turn.ids) - 1 < len(full)
+            else:
+                assert turn.ids[:-1] == full
+        mask = ep.mask({"student"})
+        assert sum(mask) == sum(len(t.ids) for t in ep.turns)  # the EOS of a cut turn is the writer's
+
+
 def test_invalid_action_and_turn_budget(game: TextGame, tiny_zoo: Any) -> None:
     from transformers import AutoTokenizer
 

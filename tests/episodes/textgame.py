@@ -38,6 +38,8 @@ class TextGameConfig(DomainBase):
     pool_size: int = Field(2, ge=1)
     # How far the target is from the start, at most.
     max_distance: int = Field(3, ge=1)
+    # End a turn at its action line (`turn_end`), as SciWorld's `domain.stop_at_action` does.
+    stop_at_action: bool = False
 
 
 def observation(position: int, target: int) -> str:
@@ -99,6 +101,11 @@ class TextGame(Domain):
 
     def action_text(self, action: str) -> str:
         return f"Action: {action}"
+
+    def turn_end(self, response: str) -> int | None:
+        start = response.find("Action:")
+        end = response.find("\n", start) if self.config.stop_at_action and start >= 0 else -1
+        return end if end >= 0 and response[end:].strip() else None
 
     def reward(self, score: int) -> float:
         return score / 100.0

@@ -24,6 +24,7 @@ from distill.domains.sciworld.prompt import (
     INSTRUCTION,
     INVALID_ACTION,
     UNKNOWN_ACTION,
+    action_end,
     first_observation,
     format_response,
     parse_action,
@@ -40,7 +41,14 @@ if TYPE_CHECKING:
 
 
 # Settings of how episodes are played, not of which items there are (see `_data_config`).
-_RUNTIME_FIELDS = ("pool_size", "java_heap", "max_turns", "negative_score", "step_timeout_s")
+_RUNTIME_FIELDS = (
+    "pool_size",
+    "java_heap",
+    "max_turns",
+    "negative_score",
+    "step_timeout_s",
+    "stop_at_action",
+)
 
 # The AgentGym conversation around the observations.
 AGENTGYM = Script(instruction=INSTRUCTION, first_reply=FIRST_REPLY, invalid_feedback=INVALID_ACTION)
@@ -166,6 +174,9 @@ class SciWorldDomain(Domain):
 
     def action_text(self, action: str) -> str:
         return format_response(action)
+
+    def turn_end(self, response: str) -> int | None:
+        return action_end(response) if self.config.stop_at_action else None
 
     def reward(self, score: int) -> float:
         """Final score / 100; a negative score (irreversible failure) is 0 unless `keep`."""

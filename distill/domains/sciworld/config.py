@@ -35,6 +35,10 @@ class SciWorldDomainConfig(DomainBase):
     pool_size: int = Field(2, ge=1)
     # Heap cap of each JVM, passed as JAVA_TOOL_OPTIONS=-Xmx<java_heap>.
     java_heap: str = Field("1g", pattern=r"^[0-9]+[kKmMgG]$")
+    # A turn ends at its action line, as a stop string ends it: a response that runs on past
+    # "Action:\n<action>" is cut there and closed with an EOS, so the text after it (a model that
+    # goes on to predict the next observation) never enters the episode (docs/sciworld.md).
+    stop_at_action: bool = True
     # The episode's turn budget: assistant turns before it is cut off.
     max_turns: int = Field(20, ge=1)
     # The simulator ends an episode after this many moves (its envStepLimit).

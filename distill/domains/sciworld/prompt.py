@@ -71,6 +71,23 @@ def parse_action(response: str) -> str | None:
     return None
 
 
+def action_end(response: str) -> int | None:
+    """The end of the first complete action line (the first non-empty line after the first
+    `Action:`, closed by a newline) when more than whitespace follows it; None otherwise."""
+    start = response.find("Action:")
+    if start < 0:
+        return None
+    pos = start + len("Action:")
+    for line in response[pos:].splitlines(keepends=True):
+        if line.strip():
+            if line == line.rstrip("\r\n"):  # the action runs to the end of the response
+                return None
+            end = pos + len(line.rstrip())
+            return end if response[end:].strip() else None
+        pos += len(line)
+    return None
+
+
 def format_response(action: str, thought: str | None = None) -> str:
     """A response in the AgentGym format (used for gold trajectories)."""
     return f"Thought:\n{thought or 'I should ' + action + '.'}\n\nAction:\n{action}"

@@ -74,6 +74,7 @@ def test_one_online_step(variant: str, tmp_path: Path, tiny_zoo: Any, sw_pool: E
         "train/loss",
     ):
         assert key in last, key
+    assert 0.0 <= last["student/stopped_rate"] <= 1.0  # turns ended at their action line
     if name == "rose":
         # the student plays turn 1, the teacher turn 2; CE on the teacher's turn
         assert last["env/student_turns_mean"] == 1 and last["env/teacher_turns_mean"] == 1

@@ -11,6 +11,7 @@ from distill.domains.sciworld.config import SciWorldDomainConfig
 from distill.domains.sciworld.prompt import (
     FIRST_REPLY,
     INSTRUCTION,
+    action_end,
     format_response,
     parse_action,
 )
@@ -93,3 +94,31 @@ def test_bad_domain_fields_are_named() -> None:
 
     with pytest.raises(ValueError, match="domain.tasks: unknown ScienceWorld task id '99-1'"):
         build_domain(domain_config("sciworld", tasks=["99-1"]))
+
+
+@pytest.mark.parametrize(
+    ("response", "kept"),
+    [
+        (
+            "Thought:\nx.\n\nAction:\ngo to kitchen\nYou move to the kitchen.",
+            "Thought:\nx.\n\nAction:\ngo to kitchen",
+        ),
+        ("Action: look around  \nThought: again\nAction: wait", "Action: look around"),
+        ("Thought:\nx.\n\nAction:\n\n focus on dove \n\nmore", "Thought:\nx.\n\nAction:\n\n focus on dove"),
+        ("Thought:\nx.\n\nAction:\ngo to kitchen", None),  # nothing after the action
+        ("Thought:\nx.\n\nAction:\ngo to kitchen\n\n", None),  # only whitespace after it
+        ("Thought:\nno action yet\nmore thought", None),
+        ("Action:\n\n", None),
+    ],
+)
+def test_action_end_cuts_after_the_first_action_line(response: str, kept: str | None) -> None:
+    end = action_end(response)
+    assert (None if end is None else response[:end]) == kept
+    if kept is not None:  # the cut turn takes the action its first action line names
+        assert parse_action(kept) == kept.rsplit("\n", 1)[-1].removeprefix("Action:").strip()
+
+
+def test_stop_at_action_is_the_domains_turn_end() -> None:
+    text = "Action:\ngo to kitchen\nThe door is open."
+    assert SciWorldDomain(SciWorldDomainConfig()).turn_end(text) == len("Action:\ngo to kitchen")
+    assert SciWorldDomain(SciWorldDomainConfig(stop_at_action=False)).turn_end(text) is None
