@@ -251,11 +251,19 @@ def end_turn(comp: Completion, end: int | None, tokenizer: PreTrainedTokenizerBa
     if tokenizer is None or not comp.ids:
         return Completion(ids=[], text=comp.text[:end], truncated=False)
     head = comp.text[:end]
-    for k in range(1, len(comp.ids) + 1):
-        text = str(tokenizer.decode(comp.ids[:k], skip_special_tokens=True))
-        if text.startswith(head):
-            return Completion(ids=[*comp.ids[:k], int(tokenizer.eos_token_id)], text=text, truncated=False)
-    return comp  # no prefix of the ids decodes to the turn's text (cannot happen with its own ids)
+
+    def text(k: int) -> str:
+        return str(tokenizer.decode(comp.ids[:k], skip_special_tokens=True))
+
+    # A longer prefix of the ids decodes to a longer text: bisect for the fewest that reach the
+    # cut (a few decodes, not one per token of a long turn).
+    low, high = 1, len(comp.ids)
+    if not text(high).startswith(head):
+        return comp  # no prefix of the ids decodes to the turn's text (cannot happen with its own ids)
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if text(mid).startswith(head) else (mid + 1, high)
+    return Completion(ids=[*comp.ids[:low], int(tokenizer.eos_token_id)], text=text(low), truncated=False)
 
 
 def _step(

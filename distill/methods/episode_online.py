@@ -247,15 +247,14 @@ class EpisodeTrainer(OnlineTrainer):
         cfg = self.distill_ctx.config
         episodes = self._episodes
         lengths, truncated = writer_turns(episodes, "student")
+        stopped = [t.stopped for ep in episodes for t in ep.turns if t.writer == "student"]
         out = {
             **episode_stats(episodes, domain),
             "student/completion_tokens_mean": sum(lengths) / max(len(lengths), 1),
             "student/completion_tokens_max": float(max(lengths, default=0)),
             "student/truncation_rate": sum(truncated) / max(len(truncated), 1),
             # Turns that ran on past their action and were ended there (domain turn_end).
-            "student/stopped_rate": _share(
-                [t.stopped for ep in episodes for t in ep.turns if t.writer == "student"]
-            ),
+            "student/stopped_rate": sum(stopped) / max(len(stopped), 1),
             "_tokens": float(sum(len(ep.ids) for ep in episodes)),
         }
         if isinstance(cfg.method, ROSEMethod):
@@ -281,10 +280,6 @@ class EpisodeTrainer(OnlineTrainer):
                 f"losslessly (`distill bridge check --student {cfg.student.name} --teacher {cfg.teacher.name}`)"
             )
         return self.ce_step(model, examples)
-
-
-def _share(flags: list[bool]) -> float:
-    return sum(flags) / max(len(flags), 1)
 
 
 def train(ctx: RunContext) -> None:
