@@ -128,6 +128,16 @@ FAST: list[tuple[str, Args, str]] = [
     ("unknown-domain", lambda f: ["run", "--domain", "nope"], "'nope'"),
     ("unknown-method", lambda f: ["run", "--method", "nope"], "'nope'"),
     ("method-field-wrong-domain", lambda f: ["run", "--method", "rose", "method.student_turns=3"], "student_turns"),
+    (
+        "opsd-every-turn-single-turn",
+        lambda f: ["run", "--method", "opsd", "method.privileged_every_turn=true"],
+        "privileged_every_turn",
+    ),
+    (
+        "rose-verified-single-turn",
+        lambda f: ["run", "--method", "rose", "method.keep_verified_only=true"],
+        "keep_verified_only",
+    ),
     ("config-bad-yaml", lambda f: ["run", "--config", f("bad.yaml")], "bad.yaml"),
     ("config-not-utf8", lambda f: ["run", "--config", f("latin1.yaml")], "latin1.yaml"),
     ("config-missing", lambda f: ["run", "--config", f("missing.yaml")], "missing.yaml"),

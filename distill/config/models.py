@@ -162,6 +162,10 @@ class OPSDMethod(OnPolicyKL):
     # base: frozen step-0 weights; live: the student being trained; ema: an average of the student.
     teacher_weights: Literal["base", "live", "ema"] = "base"
     ema_decay: float = Field(0.99, gt=0, lt=1)
+    # Episodic: the privileged context at the end of every user message of the teacher's view,
+    # next to each turn it scores, instead of once in the first (teacher_template unused). A
+    # small model does not read a plan ~1k tokens back (docs/sciworld.md).
+    privileged_every_turn: bool = False
 
 
 class ROSEMethod(Strict):
@@ -190,6 +194,11 @@ class ROSEMethod(Strict):
     teacher_max_tokens: int = Field(64, ge=1)
     # Teacher sampling temperature for its continuation; 0 is greedy.
     teacher_temperature: float = Field(0.0, ge=0)
+    # Episodic: CE only on the episodes that end in success (full score), as teacher-SFT's
+    # keep_verified_only; a step none of whose episodes succeeds updates nothing. On sciworld 60%
+    # of the episodes fail after the handover (80% of the teacher's turns), yet keeping only the
+    # rest did not lift the Score at 160 steps (docs/grid.md), so the preset leaves it off.
+    keep_verified_only: bool = False
 
     @model_validator(mode="after")
     def _range(self) -> ROSEMethod:
@@ -210,7 +219,10 @@ SINGLE_TURN_ONLY = {
     # Cross-family OPD is single-turn: the episodic path refuses cross-family pairs.
     "opd": ("group_advantage", "cross_family"),
 }
-EPISODIC_ONLY = {"rose": ("student_turns", "student_turns_min")}
+EPISODIC_ONLY = {
+    "rose": ("student_turns", "student_turns_min", "keep_verified_only"),
+    "opsd": ("privileged_every_turn",),
+}
 # The OPD-family losses an episodic domain supports (whole-episode scoring).
 EPISODIC_LOSSES = ("token_reward_direct", "forward_kl_topk")
 

@@ -134,6 +134,21 @@ class TokenScores:
 
         return self._map(move)
 
+    def gathered(self, index: Sequence[Sequence[int]], width: int) -> TokenScores:
+        """Row i's scores at positions `index[i]`, in order, in a [B, width] layout (zeros and mask
+        0 after them): the scores of a longer row read back where a shorter one's tokens sit."""
+        import torch
+
+        def pick(t: torch.Tensor) -> torch.Tensor:
+            out = t.new_zeros((t.shape[0], width, *t.shape[2:]))
+            for i, at in enumerate(index):
+                if len(at) > width:
+                    raise ValueError(f"row {i}: {len(at)} positions do not fit {width}")
+                out[i, : len(at)] = t[i, torch.as_tensor(list(at), dtype=torch.long, device=t.device)]
+            return out
+
+        return self._map(pick)
+
     def topk(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids, logprobs) [B, T, k] of a `score(..., top_k=k)` call."""
         if self.topk_ids_B_T_K is None or self.topk_logprobs_B_T_K is None:

@@ -217,6 +217,31 @@ class Episode:
             raise ValueError("privileged_prompt: a text-only or empty episode has no token view")
         return self._encode(self.frame.head + message + self.frame.gen), self.spans[0][1]
 
+    def privileged_view(self, context: str) -> tuple[list[int], list[int]]:
+        """The teacher's view with `context` at the end of every user message (OPSD's privileged
+        context turn by turn), and where each of `ids` sits in it: every token but the inserted
+        ones is this episode's own, so the teacher's scores are read back at those places."""
+        if self.frame is None or not self.spans:
+            raise ValueError("privileged_view: a text-only or empty episode has no token view")
+        gen, extra = self._encode(self.frame.gen), self._encode("\n\n" + context.strip())
+        view: list[int] = []
+        where: list[int] = []
+        for start, end, writer in self.spans:
+            cut = end
+            if writer == ENV and self.ids[start:end][-len(gen) :] == gen:
+                cut = end - len(gen)  # a user message: the context goes before its assistant header
+            where.extend(range(len(view), len(view) + cut - start))
+            view.extend(self.ids[start:cut])
+            if cut < end:
+                view.extend(extra)
+                where.extend(range(len(view), len(view) + end - cut))
+                view.extend(self.ids[cut:end])
+        if len(view) == len(self.ids):  # a tokenizer that merges across the header would land here
+            raise ValueError(
+                "privileged_view: no user message ends with the chat template's assistant header"
+            )
+        return view, where
+
     # -- reading it ----------------------------------------------------------------------
     def mask(self, writers: set[str] | frozenset[str] | tuple[str, ...]) -> list[int]:
         """1 on the tokens of the assistant turns written by `writers`, 0 elsewhere."""

@@ -188,6 +188,14 @@ def _teacher_scores(ctx: RunContext, rows: list[Episode], top_k: int) -> TokenSc
     method, domain = ctx.config.method, ctx.domain
     # The episodes were played from the run's training items (Items behind the Task protocol).
     items = [cast("Item", ep.item) for ep in rows]
+    if method.privileged_every_turn:
+        turned = [
+            ep.privileged_view(domain.privileged_context(item)) for ep, item in zip(rows, items, strict=True)
+        ]
+        scores = ctx.teacher.score([v[:1] for v, _ in turned], [v[1:] for v, _ in turned], top_k=top_k)
+        # ids[t] sits at view position where[t], scored at where[t] - 1 of the view[1:] layout.
+        index = [[w - 1 for w in where[1:]] for _, where in turned]
+        return scores.gathered(index, max(len(ep.ids) for ep in rows) - 1)
     views = [
         ep.privileged_prompt(teacher_message(method, domain, item, ep.first_message))
         for ep, item in zip(rows, items, strict=True)
@@ -260,6 +268,9 @@ class EpisodeTrainer(OnlineTrainer):
         if isinstance(cfg.method, ROSEMethod):
             # Budgets in the teacher's own tokens (its turn budget is counted in them).
             out.update(teacher_turns(episodes, cfg.method.teacher_max_tokens))
+            if cfg.method.keep_verified_only:  # the share of episodes ROSE's CE kept
+                kept = [not ep.failed and ep.seam_ok and domain.solved(ep.score) for ep in episodes]
+                out["teacher/kept_rate"] = sum(kept) / max(len(kept), 1)
             if any(t.source_tokens is not None for ep in episodes for t in ep.turns):  # bridged
                 out["teacher/seam_failure_rate"] = seam_failure_rate(episodes)
         return out
@@ -272,14 +283,21 @@ class EpisodeTrainer(OnlineTrainer):
                 "within the student's turns); lower method.student_turns"
             )
         # A turn that crossed the tokenizer bridge lossily leaves its episode out of the loss.
-        examples = [episode_example(ep, ["teacher"]) for ep in ok if ep.seam_ok]
-        if not examples:
+        ok = [ep for ep in ok if ep.seam_ok]
+        if not ok:
             cfg = self.distill_ctx.config
             raise ValueError(
                 f"rose: no episode of step {self.state.global_step + 1} crossed the tokenizer bridge "
                 f"losslessly (`distill bridge check --student {cfg.student.name} --teacher {cfg.teacher.name}`)"
             )
-        return self.ce_step(model, examples)
+        if self.distill_ctx.method_as(ROSEMethod).keep_verified_only:
+            domain = as_episodic(self.distill_ctx.domain)
+            ok = [ep for ep in ok if domain.solved(ep.score)]
+            if not ok:  # no gradient this micro-step: the optimizer step leaves the weights as they are
+                import torch
+
+                return torch.zeros((), device=model.device)
+        return self.ce_step(model, [episode_example(ep, ["teacher"]) for ep in ok])
 
 
 def train(ctx: RunContext) -> None:

@@ -54,6 +54,7 @@ _ADDED_FIELDS = {
     "vocab_size": None,
     "privileged_share": 0.0,
     "privileged_items": None,
+    "privileged_every_turn": False,
     "pack": False,
     "share_prefix": False,
 }

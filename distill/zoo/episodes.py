@@ -47,7 +47,13 @@ def agent_examples(
         # domains: a skill learnt across tasks, not the plain slice memorised twice.
         pool = items if recipe.privileged_items is None else gold[: recipe.privileged_items]
         privileged = privileged_examples(
-            pool, domain, tokenizer, recipe.episode_loss, recipe.privileged_share, recipe.seed
+            pool,
+            domain,
+            tokenizer,
+            recipe.episode_loss,
+            recipe.privileged_share,
+            recipe.seed,
+            recipe.privileged_every_turn,
         )
         examples += privileged
         extra["privileged_episodes"] = len(privileged)
@@ -108,11 +114,14 @@ def privileged_examples(
     loss: str,
     share: float,
     seed: int = 0,
+    every_turn: bool = False,
 ) -> list[tuple[list[int], list[int]]]:
     """(input_ids, labels) of that `share` of the items' gold episodes in OPSD's privileged view:
     the first user message rewritten by OPSD's template around the task's privileged context
     (SciWorld: the gold plan), every later token and label the plain episode's. The rewritten
-    start is never labelled: the model learns to act on the plan, not to write one."""
+    start is never labelled: the model learns to act on the plan, not to write one. `every_turn`:
+    the context ends every user message instead (OPSD's `method.privileged_every_turn`), the
+    inserted tokens never labelled."""
     import random
 
     from distill.episodes.data import IGNORE, replay_gold
@@ -126,6 +135,13 @@ def privileged_examples(
     for item in [i for i in items if rng.random() < share]:
         ep = replay_gold(item, as_episodic(domain), tokenizer, frame)
         ids, labels = _labelled(ep, loss)
+        if every_turn:
+            turned, where = ep.privileged_view(domain.privileged_context(item))
+            view_labels = [IGNORE] * len(turned)
+            for at, label in zip(where, labels, strict=True):
+                view_labels[at] = label
+            out.append((turned, view_labels))
+            continue
         view, end = ep.privileged_prompt(privileged_prompt(domain, item, ep.first_message))
         out.append((view + ids[end:], [IGNORE] * len(view) + labels[end:]))
     return out

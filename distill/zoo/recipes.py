@@ -57,6 +57,9 @@ class ModelRecipe(BaseModel):
     # (None: the plain view's, `data_items`). Reading a solution is a skill learnt across many
     # problems; on the plain view's 256 alone a student half memorises them instead.
     privileged_items: int | None = Field(None, ge=1)
+    # Episodic: that view with the privileged context at the end of every user message, as OPSD's
+    # `method.privileged_every_turn` teacher reads it, instead of once in the first.
+    privileged_every_turn: bool = False
     # Pack each step's examples into as few rows as they fit (each row as wide as the step's
     # longest example; attention kept inside each example by restarting position ids), instead
     # of one padded row each: the same examples and loss, without the padding's compute (rlve's
@@ -153,11 +156,18 @@ DOMAIN_RECIPES: dict[str, dict[str, Recipe]] = {
             share_prefix=True,
         ),
         "student": _SCIWORLD_STUDENT,
-        # OPSD's student: the student's slice, plus every training episode with its gold plan in
-        # the first user message (300 steps: 8x the episodes). Its plain view learns from them
-        # too: Score 0.620-0.645 against the student's 0.24-0.25 (docs/sciworld.md).
+        # OPSD's student: the student's slice, plus every training episode with its gold plan at
+        # the end of every user message, as OPSD's teacher reads it (`privileged_every_turn`; 300
+        # steps: 8x the episodes). Plain view 0.324 against the student's 0.241; with the plan
+        # once in the first message instead its plain view learnt to act (0.620-0.645) and its
+        # two views hardly differed, which left OPSD no signal (docs/sciworld.md).
         "student-privileged": _SCIWORLD_STUDENT.model_copy(
-            update={"steps": 300, "privileged_share": 1.0, "privileged_items": 4096}
+            update={
+                "steps": 300,
+                "privileged_share": 1.0,
+                "privileged_items": 4096,
+                "privileged_every_turn": True,
+            }
         ),
     },
 }

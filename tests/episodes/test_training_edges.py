@@ -1,8 +1,9 @@
 """The episode methods at their edges, on the text game (textgame.py) with the tiny zoo's real
 models and tokenizers: a cross-family teacher's turns go through the real TokenizerBridge turn by
 turn (special tokens by role, never as text; a lossy seam is flagged and counted), its budget
-figures count its own tokens, and every gradient-accumulation micro-batch draws its own stream,
-the same one again when the run is resumed."""
+figures count its own tokens, every gradient-accumulation micro-batch draws its own stream,
+the same one again when the run is resumed, and ROSE's `keep_verified_only` trains on the
+successful episodes alone."""
 
 from __future__ import annotations
 
@@ -190,3 +191,81 @@ def test_micro_batches_draw_their_own_streams_and_a_resume_draws_them_again(
     assert checkpoint.is_dir()
     train(_context(tmp_path / "resumed", tiny_zoo, resume=checkpoint))
     assert [(d, e) for _, d, e in calls] == [(d3, e3), (d4, e4)]
+
+
+@pytest.mark.integration
+def test_rose_keep_verified_only_trains_on_successful_episodes_alone(
+    registered: None, tiny_zoo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """method.keep_verified_only: ROSE's CE takes the episodes that end in success and no other;
+    a step none of whose episodes succeeds leaves the weights as they were. The teacher here is
+    the game's gold script on the first `wins` items of a step and a wrong action on the rest,
+    so which episodes succeed is known; everything else (play, CE, the Trainer) is the run's."""
+    from safetensors.torch import load_file
+
+    from distill.config import RunConfig
+    from distill.episodes.play import ScriptedAgent
+    from distill.methods import episode_online
+
+    domain_cfg = TextGameConfig(max_turns=6, train_size=16)
+    config = RunConfig.model_validate(
+        {
+            "domain": domain_cfg.model_dump(),
+            "method": {"name": "rose", "student_turns": 0, "keep_verified_only": True},
+            "rollout": {"prompts_per_step": 4, "num_generations": 1, "max_new_tokens": 8},
+            "optim": {"lr": 1e-2, "max_steps": 2},
+            "checkpoint": {"every_steps": 1},
+            "eval": {"eval_teacher": False},
+        }
+    )
+    ctx = textgame_context(tmp_path / "run", domain_cfg, config, tiny_zoo.student, tiny_zoo.teacher)
+    game = ctx.domain
+    wins = iter([2, 0])  # step 1: two episodes succeed; step 2: none
+    played: list[list[Episode]] = []
+
+    def scripted_play(ctx: Any, engine: Any, items: list[Any], rng: Any) -> list[Episode]:
+        n = next(wins)
+        gold = ScriptedAgent(game.action_text, writer="teacher")
+        wrong = ScriptedAgent(lambda _: "Action: jump", writer="teacher", script=lambda _: [])
+        tok = ctx.student.tokenizer
+        first = {item.id for item in items[:n]}
+        episodes = play(
+            game,
+            items,
+            lambda ep: gold if ep.item.id in first else wrong,
+            tok,
+            frame_for(tok, None),
+            gold=True,
+        )
+        played.append(episodes)
+        return episodes
+
+    trained: list[list[list[int]]] = []
+    real_ce_step = episode_online.EpisodeTrainer.ce_step
+
+    def ce_step(self: Any, model: Any, examples: Any) -> Any:
+        trained.append([list(ids) for ids, _ in examples])
+        return real_ce_step(self, model, examples)
+
+    monkeypatch.setattr(episode_online, "play_batch", scripted_play)
+    monkeypatch.setattr(episode_online.EpisodeTrainer, "ce_step", ce_step)
+    episode_online.train(ctx)
+
+    won = [[ep for ep in eps if game.solved(ep.score)] for eps in played]
+    assert [len(w) for w in won] == [2, 0] and all(len(eps) == 4 for eps in played)
+    # Step 1's CE saw exactly its two successful episodes; step 2 had none to train on.
+    assert trained == [[list(ep.ids) for ep in won[0]]]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    kept = {r["step"]: r["teacher/kept_rate"] for r in rows if "teacher/kept_rate" in r}
+    assert kept == {1: 0.5, 2: 0.0}
+    checkpoints = tmp_path / "run" / "checkpoints"
+    step1, step2 = (load_file(str(checkpoints / f"step-{s}" / "model.safetensors")) for s in (1, 2))
+    start = load_file(str(Path(tiny_zoo.student) / "model.safetensors"))
+    assert any(not _equal(start[k], step1[k]) for k in start)  # step 1 trained
+    assert all(_equal(step1[k], step2[k]) for k in step1)  # step 2 did not
+
+
+def _equal(a: Any, b: Any) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))

@@ -18,11 +18,11 @@ from distill.episodes.episode import frame_for
 from distill.episodes.play import ScriptedAgent, play, single
 
 
-def _context(tmp_path: Path, tiny_zoo: Any, template: str | None = None) -> Any:
+def _context(tmp_path: Path, tiny_zoo: Any, template: str | None = None, every_turn: bool = False) -> Any:
     from distill.config import RunConfig
 
     domain_cfg = TextGameConfig(max_turns=4, train_size=16)
-    method: dict[str, Any] = {"name": "opsd"}
+    method: dict[str, Any] = {"name": "opsd", "privileged_every_turn": every_turn}
     if template is not None:
         method["teacher_template"] = template
     config = RunConfig.model_validate(
@@ -89,3 +89,36 @@ def test_without_privilege_opsd_scores_are_opds(registered: None, tiny_zoo: Any,
         got, want = scores.logprobs_B_T[i, end - 1 : n], plain.logprobs_B_T[i, end - 1 : n]
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
         assert torch.equal(scores.topk()[0][i, end - 1 : n], plain.topk()[0][i, end - 1 : n])
+
+
+def test_opsd_every_turn_scores_each_token_where_it_sits_in_the_turned_view(
+    registered: None, tiny_zoo: Any, tmp_path: Path
+) -> None:
+    """`method.privileged_every_turn`: the teacher reads the episode with the privileged context at
+    the end of every user message; each student token's score is the one the teacher gives it in
+    that view, read back where the token sits in the student's sequence."""
+    from distill.methods.episode_online import _teacher_scores
+
+    ctx = _context(tmp_path, tiny_zoo, every_turn=True)
+    episodes = _episodes(ctx)
+    scores = _teacher_scores(ctx, episodes, top_k=4)
+    tok = ctx.student.tokenizer
+    for i, ep in enumerate(episodes):
+        secret = ctx.domain.privileged_context(ep.item).strip()
+        view, where = ep.privileged_view(secret)
+        assert tok.decode(view).count(secret) == tok.decode(view).count("<|im_start|>user") >= 2
+        assert [view[w] for w in where] == ep.ids
+        direct = ctx.teacher.score([view[:1]], [view[1:]], top_k=4)
+        at = torch.tensor([w - 1 for w in where[1:]])
+        n = len(ep.ids) - 1
+        torch.testing.assert_close(scores.logprobs_B_T[i, :n], direct.logprobs_B_T[0, at])
+        assert torch.equal(scores.topk()[0][i, :n], direct.topk()[0][0, at])
+        assert scores.mask_B_T[i, :n].all() and not scores.mask_B_T[i, n:].any()
+    plain = ctx.teacher.score([ep.ids[:1] for ep in episodes], [ep.ids[1:] for ep in episodes])
+    turns_B_T = torch.zeros_like(plain.mask_B_T, dtype=torch.bool)
+    for i, ep in enumerate(episodes):
+        turns_B_T[i, : len(ep.ids) - 1] = torch.tensor(ep.mask({"student"})[1:], dtype=torch.bool)
+    gap = (
+        (scores.widened(plain.logprobs_B_T.shape[1]).logprobs_B_T - plain.logprobs_B_T)[turns_B_T].abs().max()
+    )
+    assert gap > 1e-4  # the context changes what the teacher expects on the student's turns

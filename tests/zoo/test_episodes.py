@@ -152,6 +152,31 @@ def test_privileged_examples_put_the_gold_plan_in_the_first_message_only(item: I
     assert privileged_examples(many, SW, tok, "turns", 0.0) == []
 
 
+def test_privileged_examples_every_turn_end_every_user_message_with_the_plan(
+    item: Item, tiny_zoo: Any
+) -> None:
+    """`every_turn` (the zoo view of OPSD's `method.privileged_every_turn`): the gold plan at the
+    end of every user message, before its assistant header; every other token and label the
+    plain episode's, in order, the inserted ones unlabelled."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_zoo.tok_qwen)
+    ((ids, labels),) = training_examples([item], SW, tok, "turns")
+    ((view, view_labels),) = privileged_examples([item], SW, tok, "turns", 1.0, every_turn=True)
+    ep = replay_gold(item, SW, tok, frame_for(tok, None))
+    turned, where = ep.privileged_view(SW.privileged_context(item))
+    assert view == turned and len(where) == len(ids) and where == sorted(set(where))
+    assert [view[w] for w in where] == ids and [view_labels[w] for w in where] == labels
+    inserted = [i for i in range(len(view)) if i not in set(where)]
+    assert inserted and all(view_labels[i] == IGNORE for i in inserted)
+    plan = SW.privileged_context(item)
+    text = tok.decode(view)
+    user_messages = text.count("<|im_start|>user")
+    assert text.count(plan) == user_messages > 2 and plan not in tok.decode(ids)
+    # Each copy sits right before its message's end: the assistant header follows it.
+    assert text.count(plan + "<|im_end|>\n<|im_start|>assistant") == user_messages
+
+
 class _Recorded(SciWorldDomain):
     """SciWorld with the fixture's recorded gold episodes as its training items (no simulator)."""
 
