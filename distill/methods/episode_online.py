@@ -269,7 +269,7 @@ class EpisodeTrainer(OnlineTrainer):
             # Budgets in the teacher's own tokens (its turn budget is counted in them).
             out.update(teacher_turns(episodes, cfg.method.teacher_max_tokens))
             if cfg.method.keep_verified_only:  # the share of episodes ROSE's CE kept
-                kept = [not ep.failed and ep.seam_ok and domain.solved(ep.score) for ep in episodes]
+                kept = [_verified(ep, domain) for ep in episodes]
                 out["teacher/kept_rate"] = sum(kept) / max(len(kept), 1)
             if any(t.source_tokens is not None for ep in episodes for t in ep.turns):  # bridged
                 out["teacher/seam_failure_rate"] = seam_failure_rate(episodes)
@@ -292,12 +292,18 @@ class EpisodeTrainer(OnlineTrainer):
             )
         if self.distill_ctx.method_as(ROSEMethod).keep_verified_only:
             domain = as_episodic(self.distill_ctx.domain)
-            ok = [ep for ep in ok if domain.solved(ep.score)]
+            ok = [ep for ep in ok if _verified(ep, domain)]
             if not ok:  # no gradient this micro-step: the optimizer step leaves the weights as they are
                 import torch
 
                 return torch.zeros((), device=model.device)
         return self.ce_step(model, [episode_example(ep, ["teacher"]) for ep in ok])
+
+
+def _verified(ep: Episode, domain: Any) -> bool:
+    """An episode ROSE's CE keeps under `method.keep_verified_only`: a teacher turn to train on,
+    crossed the bridge losslessly, ended in success."""
+    return not ep.failed and ep.seam_ok and any(ep.mask({"teacher"})) and bool(domain.solved(ep.score))
 
 
 def train(ctx: RunContext) -> None:

@@ -136,12 +136,12 @@ def privileged_examples(
         ep = replay_gold(item, as_episodic(domain), tokenizer, frame)
         ids, labels = _labelled(ep, loss)
         if every_turn:
-            turned, where = ep.privileged_view(domain.privileged_context(item))
-            view_labels = [IGNORE] * len(turned)
+            view, where = ep.privileged_view(domain.privileged_context(item))
+            view_labels = [IGNORE] * len(view)
             for at, label in zip(where, labels, strict=True):
                 view_labels[at] = label
-            out.append((turned, view_labels))
-            continue
-        view, end = ep.privileged_prompt(privileged_prompt(domain, item, ep.first_message))
-        out.append((view + ids[end:], [IGNORE] * len(view) + labels[end:]))
+            out.append((view, view_labels))
+        else:
+            start, end = ep.privileged_prompt(privileged_prompt(domain, item, ep.first_message))
+            out.append((start + ids[end:], [IGNORE] * len(start) + labels[end:]))
     return out
