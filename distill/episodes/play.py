@@ -118,9 +118,7 @@ class ScriptedAgent:
 
         out = []
         for ep in episodes:
-            gold = list(ep.gold or [])
-            if self.script is not None:
-                gold = self.script(gold)
+            gold = self.plan(ep)
             action = gold[len(ep.turns)] if len(ep.turns) < len(gold) else self.fallback
             text = self.action_text(action)
             ids: list[int] = []
@@ -129,6 +127,11 @@ class ScriptedAgent:
                 ids.append(ep.tokenizer.eos_token_id)
             out.append(Completion(ids=ids, text=text, truncated=False))
         return out
+
+    def plan(self, ep: Episode) -> list[str]:
+        """The actions this agent plays in `ep`, turn by turn."""
+        gold = list(ep.gold or [])
+        return self.script(gold) if self.script is not None else gold
 
 
 Policy = Callable[[Episode], Agent]

@@ -57,6 +57,7 @@ _ADDED_FIELDS = {
     "privileged_every_turn": False,
     "pack": False,
     "share_prefix": False,
+    "detour_share": 0.0,
 }
 
 

@@ -42,6 +42,12 @@ def agent_examples(
         items, episodic, tokenizer, recipe.episode_loss, recipe.corrupt_prob, recipe.seed
     )
     extra: dict[str, Any] = {"train_episodes": len(examples)}
+    if recipe.detour_share:
+        from distill.zoo.detours import detour_episodes
+
+        detours = detour_episodes(items, episodic, tokenizer, recipe.detour_share, recipe.seed)
+        examples += [_labelled(ep, recipe.episode_loss) for ep in detours]
+        extra["detour_episodes"] = len(detours)
     if recipe.privileged_share:
         # The plan-reading view over many episodes (`privileged_items`), as on single-turn
         # domains: a skill learnt across tasks, not the plain slice memorised twice.

@@ -235,3 +235,75 @@ def test_a_long_gold_path_replays_to_the_simulators_own_final_score(sw_domain: S
     assert len(gold) > 100 and len(played) > 100
     assert played[:4] == script[:4] and 0 <= len(script) - len(played) <= 1
     assert item.meta["gold_score"] == direct == 100
+
+
+def test_detour_episodes_answer_each_mistake_from_the_simulator_and_keep_only_gold_scores(
+    sw_domain: SciWorldDomain, tokenizer_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A detour ("go to kitchen" before its door is open, twice) is played through the simulator:
+    the mistaken turns are SLIP's and answered by the simulator ("The door is not open."), the
+    gold play goes on to the gold score, and no label falls on a mistaken turn. A play that does
+    not reach the gold score (here: a gold step left out) is dropped."""
+    from transformers import AutoTokenizer
+
+    from distill.episodes.data import IGNORE, SLIP
+    from distill.zoo import detours
+    from distill.zoo.episodes import _labelled
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dirs["qwen"])
+    (item,) = sw_domain.with_gold([item_of(find_non_living(7))])
+    actions = [str(s["action"]) for s in item.meta["steps"]]
+    assert actions[:2] == ["open door to kitchen", "go to kitchen"]
+    plans = {
+        "detour": (["go to kitchen"] * 2 + actions, {0, 1}),
+        "broken": (actions[:2] + actions[3:], set()),
+    }
+    for name, plan in plans.items():
+        monkeypatch.setattr(detours, "detour_plan", lambda actions, rng, plan=plan: plan)
+        kept = detours.detour_episodes([item], sw_domain, tok, share=1.0)
+        if name == "broken":
+            assert kept == []
+            continue
+        (ep,) = kept
+        assert [t.action for t in ep.turns] == plan[0]
+        assert [t.writer for t in ep.turns] == [SLIP, SLIP] + ["gold"] * len(actions)
+        assert [t.observation for t in ep.turns[:2]] == ["The door is not open."] * 2
+        assert ep.score == item.meta["gold_score"] == 100
+        spans = ep.turn_spans()
+        for loss in ("turns", "all"):
+            _, labels = _labelled(ep, loss)
+            assert all(labels[k] == IGNORE for s, e, w in spans if w == SLIP for k in range(s, e))
+            assert all(labels[k] != IGNORE for s, e, w in spans if w == "gold" for k in range(s, e))
+
+
+def test_a_detour_recipe_adds_its_played_detours_to_the_gold_rows(
+    sw_domain: SciWorldDomain, tokenizer_dirs: dict[str, Path]
+) -> None:
+    """`detour_share` in a zoo recipe: the gold rows, then one detour row per kept detour play,
+    each with more turns than its gold play and its mistaken turns unlabelled."""
+    from transformers import AutoTokenizer
+
+    from distill.domains.sciworld.config import SciWorldDomainConfig
+    from distill.episodes.data import IGNORE
+    from distill.zoo.episodes import agent_examples
+    from distill.zoo.recipes import teacher_shape
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dirs["qwen"])
+    domain = SciWorldDomain(
+        SciWorldDomainConfig(tasks=["4-2"], train_size=3, eval_size=1), pool=sw_domain.pool()
+    )
+    shape = dict(steps=1, lr=1e-3, batch_size=2, episode_loss="all", max_positions=4096)
+    plain, _, plain_extra = agent_examples(domain, "t", teacher_shape(**shape), tok)
+    rows, _, extra = agent_examples(domain, "t", teacher_shape(**shape, detour_share=1.0), tok)
+    assert "detour_episodes" not in plain_extra and len(plain) == 3
+    assert rows[:3] == plain
+    assert 1 <= extra["detour_episodes"] == len(rows) - 3 <= 3
+
+    def shared(a: list[int], b: list[int]) -> int:
+        return next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+    for ids, labels in rows[3:]:
+        # Its own item's gold row: the one its first message (and gold turns up to the detour) shares.
+        gold_ids, gold_labels = max(plain, key=lambda row: shared(ids, row[0]))
+        assert len(ids) > len(gold_ids)
+        assert sum(label == IGNORE for label in labels) > sum(label == IGNORE for label in gold_labels)
