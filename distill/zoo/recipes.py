@@ -178,7 +178,7 @@ DOMAIN_RECIPES: dict[str, dict[str, Recipe]] = {
         # The teacher's recipe plus every training item once more with a detour played through
         # the simulator (`detour_share`), 500 steps for the ~1.8x episodes: Score 0.804 / Success
         # 62.5%, built in 291 s beside a run. It finishes 60% of the episodes an OPD student began
-        # (4 turns), the teacher 12.5%; OPD +0.079 (not yet +0.1), ROSE +0.268 (+0.172 with the
+        # (4 turns), the teacher 12.5%; OPD +0.113 (4 seeds), ROSE +0.268 (+0.172 with the
         # teacher), SFT +0.154 (+0.316, seed 0; docs/sciworld.md). No preset's yet: as the
         # sciworld teacher it would change every cell of the column, to be measured as one.
         "teacher-detours": _SCIWORLD_TEACHER.model_copy(update={"steps": 500, "detour_share": 1.0}),
