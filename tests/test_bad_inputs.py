@@ -134,6 +134,11 @@ FAST: list[tuple[str, Args, str]] = [
         "privileged_every_turn",
     ),
     (
+        "sft-valid-turns-single-turn",
+        lambda f: ["run", "--method", "sft", "method.valid_turns_only=true"],
+        "valid_turns_only",
+    ),
+    (
         "rose-verified-single-turn",
         lambda f: ["run", "--method", "rose", "method.keep_verified_only=true"],
         "keep_verified_only",

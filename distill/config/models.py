@@ -108,6 +108,10 @@ class SFTMethod(Strict):
     # Teacher sampling temperature for its trajectories; 0 is greedy.
     temperature: float = Field(0.0, ge=0)
     epochs: float = Field(1.0, gt=0)
+    # Episodic domains: CE only on the teacher turns whose action the environment accepted; its
+    # rejected ones ("No known action matches that input.") stay in the context, unlabelled, as
+    # the zoo teacher's detours were (a student should not learn to guess).
+    valid_turns_only: bool = False
 
 
 class OnPolicyKL(Strict):
@@ -220,6 +224,7 @@ SINGLE_TURN_ONLY = {
     "opd": ("group_advantage", "cross_family"),
 }
 EPISODIC_ONLY = {
+    "sft": ("valid_turns_only",),
     "rose": ("student_turns", "student_turns_min", "keep_verified_only"),
     "opsd": ("privileged_every_turn",),
 }

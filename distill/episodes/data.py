@@ -34,9 +34,12 @@ IGNORE = -100
 SLIP = "slip"
 
 
-def episode_example(ep: Episode, writers: Iterable[str]) -> tuple[list[int], list[int]]:
-    """(input_ids, labels): labels are the ids on the writers' turns, -100 elsewhere."""
-    mask = ep.mask(frozenset(writers))
+def episode_example(
+    ep: Episode, writers: Iterable[str], valid_only: bool = False
+) -> tuple[list[int], list[int]]:
+    """(input_ids, labels): labels are the ids on the writers' turns (`valid_only`: those whose
+    action the environment accepted), -100 elsewhere."""
+    mask = ep.mask(frozenset(writers), valid_only)
     if len(mask) != len(ep.ids):
         raise ValueError(f"episode {ep.item.id}: {len(ep.ids)} ids but {len(mask)} mask entries")
     return list(ep.ids), [tok if m else IGNORE for tok, m in zip(ep.ids, mask, strict=True)]

@@ -243,11 +243,18 @@ class Episode:
         return view, where
 
     # -- reading it ----------------------------------------------------------------------
-    def mask(self, writers: set[str] | frozenset[str] | tuple[str, ...]) -> list[int]:
-        """1 on the tokens of the assistant turns written by `writers`, 0 elsewhere."""
+    def mask(
+        self, writers: set[str] | frozenset[str] | tuple[str, ...], valid_only: bool = False
+    ) -> list[int]:
+        """1 on the tokens of the assistant turns written by `writers`, 0 elsewhere; `valid_only`:
+        only on the turns whose action the environment accepted."""
         out = [0] * len(self.ids)
-        for start, end, writer in self.spans:
-            if writer in writers and writer not in (ENV, FIXED):
+        spans = self.turn_spans()
+        if valid_only and len(spans) != len(self.turns):
+            raise ValueError(f"episode {self.item.id}: {len(self.turns)} turns but {len(spans)} turn spans")
+        keep = [turn.valid for turn in self.turns] if valid_only else [True] * len(spans)
+        for (start, end, writer), kept in zip(spans, keep, strict=True):
+            if writer in writers and kept:
                 out[start:end] = [1] * (end - start)
         return out
 

@@ -67,7 +67,7 @@ def teacher_episodes(ctx: RunContext) -> list[dict[str, Any]]:
             seams.append(ep.seam_ok)
             if not ep.seam_ok:
                 continue
-        ids, labels = episode_example(ep, ["teacher"])
+        ids, labels = episode_example(ep, ["teacher"], method.valid_turns_only)
         rows.append({**ep.record(domain), "input_ids": ids, "labels": labels})
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as fh:
@@ -83,6 +83,7 @@ def train(ctx: RunContext) -> None:
     from datasets import Dataset
     from trl import SFTConfig
 
+    from distill.episodes.data import IGNORE
     from distill.methods.callbacks import trainer_common_args
     from distill.methods.sft import fit_sft
 
@@ -94,6 +95,14 @@ def train(ctx: RunContext) -> None:
         raise ValueError(
             "sft: no teacher episode solved its task; the teacher cannot solve these tasks "
             "(set method.keep_verified_only=false to train on them anyway)"
+        )
+    # An episode none of whose teacher turns is labelled (`valid_turns_only`: none accepted)
+    # teaches nothing, and a batch of such rows has a loss over no tokens (NaN).
+    kept = [r for r in kept if any(label != IGNORE for label in r["labels"])]
+    if not kept:
+        raise ValueError(
+            "sft: the environment accepted no action of the teacher in the kept episodes "
+            "(method.valid_turns_only labels only accepted turns)"
         )
     ctx.log.write(0, {"teacher/kept_trajectories": float(len(kept))})
     dataset = Dataset.from_list([{"input_ids": r["input_ids"], "labels": r["labels"]} for r in kept])

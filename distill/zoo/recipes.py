@@ -139,8 +139,13 @@ RECIPES.update(REAL_SHAPE)
 _SCIWORLD_STUDENT = student_shape(
     steps=150, lr=3e-3, batch_size=4, data_items=32, warmup_steps=10, max_positions=4096, share_prefix=True
 )
+# Half the gold episodes hold one malformed turn and its "Invalid Action" feedback, and every
+# training item is played once more through the simulator with a mistaken action before one gold
+# turn (`detour_share`, zoo/detours.py): a teacher that has read broken episodes and goes on from
+# a student's mistakes. Batches of 4 episodes: 300 updates were what the gold episodes alone
+# needed (150 of 8: Success 22.5%); 500 for the ~1.8x episodes with the detours.
 _SCIWORLD_TEACHER = teacher_shape(
-    steps=300,
+    steps=500,
     lr=5e-3,
     batch_size=4,
     warmup_steps=10,
@@ -148,6 +153,7 @@ _SCIWORLD_TEACHER = teacher_shape(
     episode_loss="all",
     corrupt_prob=0.5,
     share_prefix=True,
+    detour_share=1.0,
 )
 DOMAIN_RECIPES: dict[str, dict[str, Recipe]] = {
     # RLVE: `make run`'s teacher at 250 of the 400 steps, for a shorter first run: 96.5% instead
@@ -156,10 +162,11 @@ DOMAIN_RECIPES: dict[str, dict[str, Recipe]] = {
     # only 73.0% (docs/grid.md).
     "rlve": {"teacher": RECIPES["teacher"].model_copy(update={"steps": 250})},
     "sciworld": {
-        # Half the episodes hold one malformed turn and its "Invalid Action" feedback: the
-        # teacher then reads a student's broken episodes as something it has seen. Batches of 4
-        # episodes, not 8: 300 updates are what it needs (150 of 8: Success 22.5%), and 4 give
-        # Success 67.5-77.5% (8: 70-75%) in half the time.
+        # Without the detours (300 steps) the teacher reached Score 0.841 / Success 75% but,
+        # inside an OPD student's loops, repeated the student's action or wrote none: it
+        # finished 12.5% of the episodes an OPD student began (4 turns), this one 60%. ROSE
+        # with it +0.247 (+0.172 before), SFT +0.328 with `valid_turns_only`, OPD +0.016
+        # (+0.027 before), two seeds each on the deterministic zoo (docs/grid.md).
         "teacher": _SCIWORLD_TEACHER,
         "student": _SCIWORLD_STUDENT,
         # OPSD's student: the student's slice, plus every training episode with its gold plan at
@@ -175,13 +182,6 @@ DOMAIN_RECIPES: dict[str, dict[str, Recipe]] = {
                 "privileged_every_turn": True,
             }
         ),
-        # The teacher's recipe plus every training item once more with a detour played through
-        # the simulator (`detour_share`), 500 steps for the ~1.8x episodes: Score 0.804 / Success
-        # 62.5%, built in 291 s beside a run. It finishes 60% of the episodes an OPD student began
-        # (4 turns), the teacher 12.5%; OPD +0.113 (4 seeds), ROSE +0.268 (+0.172 with the
-        # teacher), SFT +0.154 (+0.316, seed 0; docs/sciworld.md). No preset's yet: as the
-        # sciworld teacher it would change every cell of the column, to be measured as one.
-        "teacher-detours": _SCIWORLD_TEACHER.model_copy(update={"steps": 500, "detour_share": 1.0}),
     },
 }
 

@@ -147,6 +147,9 @@ def test_sciworld_zoo_models_have_their_own_recipes() -> None:
     assert RECIPES["teacher"].max_positions == 1024  # type: ignore[union-attr]
     # Half of each episode is the same instruction: run once per step (docs/sciworld.md).
     assert sw["teacher"].share_prefix and sw["student"].share_prefix  # type: ignore[union-attr]
+    # The teacher also reads detours (a mistaken action and the simulator's reply), so OPD's and
+    # ROSE's teacher goes on from a student's mistakes; the student learns gold episodes only.
+    assert sw["teacher"].detour_share == 1.0 and sw["student"].detour_share == 0.0  # type: ignore[union-attr]
     domain = domain_config("sciworld")
     assert (
         recipe_key("teacher", domain)
