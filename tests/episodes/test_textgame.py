@@ -125,6 +125,16 @@ def test_invalid_action_and_turn_budget(game: TextGame, tiny_zoo: Any) -> None:
     assert ep.moves == 1
     record = ep.record(game)
     assert record["invalid_actions"] == 2 and record["truncated_turns"] == 3
+    # SFT's `valid_turns_only`: the turn without an action and the one the game refused stay in
+    # the context, unlabelled; the accepted one is labelled.
+    spans = ep.turn_spans()
+    every, accepted = ep.mask({"student"}), ep.mask({"student"}, valid_only=True)
+    assert [set(every[s:e]) for s, e, _ in spans] == [{1}, {1}, {1}]
+    assert [set(accepted[s:e]) for s, e, _ in spans] == [{0}, {0}, {1}]
+    ids, labels = episode_example(ep, ["student"], valid_only=True)
+    start, end, _ = spans[2]
+    assert [i for i, label in enumerate(labels) if label != IGNORE] == list(range(start, end))
+    assert labels[start:end] == ids[start:end] == ep.turns[2].ids
 
 
 @pytest.mark.integration
