@@ -14,7 +14,6 @@ uploading) and no `archive.json`: running it again uploads what the remote lacks
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -73,9 +72,7 @@ def materialise_prompts(run_dir: Path, config: RunConfig) -> list[Path]:
 
     # Where and under which key `distill.domains.base.cached_items` files a domain config's items.
     data_dir = get_settings().workspace / "data"
-    blob = json.dumps(config.domain.model_dump(mode="json"), sort_keys=True).encode()
-    key = hashlib.sha256(blob).hexdigest()[:12]
-    pattern = f"{config.domain.name}-*-{key}.jsonl"
+    pattern = f"{config.domain.name}-*-{config.domain.items_key()}.jsonl"
     found = sorted(data_dir.glob(pattern))
     if not found:
         from distill.domains import build_domain

@@ -7,7 +7,9 @@ stay instant.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import hashlib
+import json
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -69,11 +71,32 @@ class DomainBase(Strict):
     """What every domain config has; each domain's own model (`distill/domains/<name>/config.py`,
     named in `distill/registry.py`) adds its fields."""
 
+    # Bumped by a domain when the same config starts to materialise different items (a fix in how
+    # they are made): it re-keys its cached items and the zoo models trained on them, so an old
+    # workspace does not go on with data the fixed code would not make. 0 leaves keys as they were.
+    data_version: ClassVar[int] = 0
+    # Fields of how items are used (an episode's turn limit, the simulator pool), not of which items
+    # there are: the items' key leaves them out.
+    runtime_fields: ClassVar[tuple[str, ...]] = ()
+
     name: str
     train_size: int = Field(4096, ge=1)
     eval_size: int = Field(200, ge=1)
     # Eval items are drawn from a seed stream disjoint from training items.
     eval_seed: int = 1_000_003
+
+    def data_key(self, include: set[str] | None = None) -> dict[str, Any]:
+        """What the materialised data is keyed by: this config (or its `include`d fields) less its
+        runtime fields, and the domain's `data_version` once it has bumped it."""
+        key: dict[str, Any] = self.model_dump(mode="json", include=include, exclude=set(self.runtime_fields))
+        if self.data_version:
+            key["data_version"] = self.data_version
+        return key
+
+    def items_key(self) -> str:
+        """The key of `<workspace>/data/<name>-<split>-<key>.jsonl`, this config's items."""
+        blob = json.dumps(self.data_key(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
 
 
 def domain_model(name: str) -> type[DomainBase]:

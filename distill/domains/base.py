@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -96,9 +95,7 @@ def cached_items(config: DomainBase, split: str, make: Callable[[], list[Item]])
     """
     from distill.settings import get_settings
 
-    blob = json.dumps(config.model_dump(mode="json"), sort_keys=True).encode()
-    key = hashlib.sha256(blob).hexdigest()[:12]
-    path = get_settings().workspace / "data" / f"{config.name}-{split}-{key}.jsonl"
+    path = get_settings().workspace / "data" / f"{config.name}-{split}-{config.items_key()}.jsonl"
     if path.exists():
         return [Item(**json.loads(line)) for line in path.read_text().splitlines() if line]
     items = make()

@@ -72,7 +72,7 @@ def _lookup(name: str, recipes: Mapping[str, Recipe]) -> Recipe:
 def recipe_key(name: str, domain: DomainBase, recipes: Mapping[str, Recipe] | None = None) -> str:
     recipes = recipes if recipes is not None else recipes_for(domain.name)
     recipe = _lookup(name, recipes)
-    data = domain.model_dump(mode="json", include=set(_DATA_FIELDS))
+    data = domain.data_key(set(_DATA_FIELDS))
     dump = recipe.model_dump()
     # Fields added after the first builds: at their defaults they leave existing keys unchanged.
     for added, default in _ADDED_FIELDS.items():

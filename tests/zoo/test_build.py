@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
-from conftest import TINY_RECIPES
+from conftest import TINY_RECIPES, tiny_domain
 
+from distill.domains.base import Item, cached_items
 from distill.domains.rlve.config import RLVEDomainConfig
+from distill.domains.sciworld.config import SciWorldDomainConfig
 from distill.zoo import resolve_model
 from distill.zoo.build import ensure_built, entry_dir, read_entry, recipe_key
 from distill.zoo.recipes import ModelRecipe, TokenizerRecipe
@@ -105,6 +107,44 @@ def test_key_depends_on_recipe_tokenizer_and_data(tiny_zoo: Any) -> None:
         update={"parameters": {"Sorting": {"N": 4}, "Multiplication": {"digit_num": 1}}}
     )
     assert recipe_key("teacher", other_params, TINY_RECIPES) != base
+
+
+def test_a_bumped_data_version_rekeys_items_and_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A domain whose fixed code makes other items from the same config bumps `data_version`:
+    an old workspace's items and zoo models are then not reused; at 0 keys stay as they were."""
+    domain = tiny_domain()
+
+    class Fixed(RLVEDomainConfig):
+        data_version: ClassVar[int] = 2
+
+    fixed = Fixed(**domain.model_dump())
+    assert domain.data_key() == domain.model_dump(mode="json")
+    assert recipe_key("teacher", fixed, TINY_RECIPES) != recipe_key("teacher", domain, TINY_RECIPES)
+    assert recipe_key("tok-qwen", fixed, TINY_RECIPES) != recipe_key("tok-qwen", domain, TINY_RECIPES)
+
+    monkeypatch.setenv("DISTILL_WORKSPACE", str(tmp_path))
+    made: list[str] = []
+
+    def make(tag: str) -> list[Item]:
+        made.append(tag)
+        return [Item(id=tag, prompt="p", answer="a")]
+
+    assert cached_items(domain, "train", lambda: make("old"))[0].id == "old"
+    assert cached_items(domain, "train", lambda: make("again"))[0].id == "old"  # reused
+    assert cached_items(fixed, "train", lambda: make("fixed"))[0].id == "fixed"
+    assert made == ["old", "fixed"]
+    assert len(list((tmp_path / "data").glob("rlve-train-*.jsonl"))) == 2
+
+
+def test_runtime_fields_leave_the_items_key_alone() -> None:
+    """How sciworld episodes are played (pool, turn limit) does not re-key its items; which items
+    there are does (and so does its bumped data_version)."""
+    base = SciWorldDomainConfig()
+    assert SciWorldDomainConfig(pool_size=4, max_turns=7).items_key() == base.items_key()
+    assert SciWorldDomainConfig(train_size=3).items_key() != base.items_key()
+    assert "pool_size" not in base.data_key() and base.data_key()["data_version"] == base.data_version
 
 
 def test_zoo_json_records_params_and_eval(tiny_zoo: Any) -> None:

@@ -40,16 +40,6 @@ if TYPE_CHECKING:
     from distill.episodes.protocol import Task
 
 
-# Settings of how episodes are played, not of which items there are (see `_data_config`).
-_RUNTIME_FIELDS = (
-    "pool_size",
-    "java_heap",
-    "max_turns",
-    "negative_score",
-    "step_timeout_s",
-    "stop_at_action",
-)
-
 # The AgentGym conversation around the observations.
 AGENTGYM = Script(instruction=INSTRUCTION, first_reply=FIRST_REPLY, invalid_feedback=INVALID_ACTION)
 
@@ -199,7 +189,7 @@ class SciWorldDomain(Domain):
             splits = {task: pool.call(0, "splits", task_name(task)) for task in self.config.tasks}
             return [Item(id="facts", prompt="", answer="", meta={"counts": counts, "splits": splits})]
 
-        facts_config = self._data_config.model_copy(update={"train_size": 1, "eval_size": 1})
+        facts_config = self.config.model_copy(update={"train_size": 1, "eval_size": 1})
         return cached_items(facts_config, "simulator", make)[0].meta
 
     def agentgym_index(self) -> list[IndexEntry]:
@@ -247,18 +237,9 @@ class SciWorldDomain(Domain):
 
     # -- items ---------------------------------------------------------------------------
     @cached_property
-    def _data_config(self) -> SciWorldDomainConfig:
-        """The config the materialised items are keyed by: how episodes are run later (pool,
-        heap, turn limits, ROSE's split) does not change them, so it does not re-key them."""
-        from distill.domains.sciworld.config import SciWorldDomainConfig
-
-        defaults = SciWorldDomainConfig()
-        return self.config.model_copy(update={f: getattr(defaults, f) for f in _RUNTIME_FIELDS})
-
-    @cached_property
     def _train(self) -> list[Item]:
         return cached_items(
-            self._data_config,
+            self.config,
             "train",
             lambda: self.with_gold(
                 [item_of(e) for e in self._entries(self._train_splits, self.config.train_size, 0)]
@@ -268,7 +249,7 @@ class SciWorldDomain(Domain):
     @cached_property
     def _eval(self) -> list[Item]:
         return cached_items(
-            self._data_config,
+            self.config,
             "eval",
             # Eval items need no gold play: the model plays them.
             lambda: [

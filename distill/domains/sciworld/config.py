@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -15,6 +15,20 @@ class SciWorldDomainConfig(DomainBase):
     Token budgets are the run's, as on every domain: `rollout.max_new_tokens` per student turn,
     `eval.max_new_tokens` per eval turn, `method.teacher_max_tokens` per ROSE teacher turn.
     """
+
+    # 2: gold paths are played by JVMs that hash alike (pool.JVM_DETERMINISM); items and zoo models
+    # made before that depended on what a JVM had loaded first, and are not reused.
+    data_version: ClassVar[int] = 2
+    # How episodes are played later (pool, heap, turn limits, the turn's end), not which items
+    # there are: they do not re-key the materialised items.
+    runtime_fields: ClassVar[tuple[str, ...]] = (
+        "pool_size",
+        "java_heap",
+        "max_turns",
+        "negative_score",
+        "step_timeout_s",
+        "stop_at_action",
+    )
 
     name: Literal["sciworld"] = "sciworld"
     # Episodes are slow to materialise (a gold play each): smaller sets than single-turn domains.
