@@ -3,7 +3,7 @@ models and tokenizers: a cross-family teacher's turns go through the real Tokeni
 turn (special tokens by role, never as text; a lossy seam is flagged and counted), its budget
 figures count its own tokens, every gradient-accumulation micro-batch draws its own stream,
 the same one again when the run is resumed, and ROSE's `keep_verified_only` trains on the
-successful episodes alone."""
+successful episodes alone, and SFT's `valid_turns_only` drops an episode with no accepted turn."""
 
 from __future__ import annotations
 
@@ -269,3 +269,53 @@ def _equal(a: Any, b: Any) -> bool:
     import torch
 
     return bool(torch.equal(a, b))
+
+
+@pytest.mark.integration
+def test_sft_valid_turns_only_drops_episodes_with_no_accepted_turn_and_refuses_when_none_is_left(
+    registered: None, tiny_zoo: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """method.valid_turns_only with keep_verified_only off: an episode the game refused every
+    teacher action of labels nothing and is not trained on; when no kept episode labels anything,
+    the run stops with one clear line (not a NaN loss over no tokens). The teacher is the game's
+    gold script on the first `wins` items and a refused action on the rest; play, the rows and
+    the TRL trainer are the run's."""
+    from distill.config import RunConfig
+    from distill.episodes import play as play_module
+    from distill.episodes.play import ScriptedAgent
+    from distill.methods import episode_sft
+
+    domain_cfg = TextGameConfig(max_turns=3, train_size=4)
+    config = RunConfig.model_validate(
+        {
+            "domain": domain_cfg.model_dump(),
+            "method": {"name": "sft", "keep_verified_only": False, "valid_turns_only": True},
+            "rollout": {"max_new_tokens": 8},
+            "optim": {"lr": 1e-3, "max_steps": 1, "batch_size": 4},
+            "eval": {"eval_teacher": False},
+        }
+    )
+    real_play = play_module.play
+    for wins, run in ((2, "mixed"), (0, "refused")):
+
+        def scripted(
+            domain: Any, items: list[Any], _agents: Any, *args: Any, n: int = wins, **kw: Any
+        ) -> Any:
+            gold = ScriptedAgent(domain.action_text, writer="teacher")
+            wrong = ScriptedAgent(lambda _: "Action: jump", writer="teacher", script=lambda _: [])
+            first = {item.id for item in items[:n]}
+            policy = lambda ep: gold if ep.item.id in first else wrong  # noqa: E731
+            return real_play(domain, items, policy, *args, **{**kw, "gold": True})
+
+        monkeypatch.setattr(play_module, "play", scripted)
+        ctx = textgame_context(tmp_path / run, domain_cfg, config, tiny_zoo.student, tiny_zoo.teacher)
+        if wins == 0:
+            with pytest.raises(ValueError, match="accepted no action of the teacher"):
+                episode_sft.train(ctx)
+            continue
+        episode_sft.train(ctx)
+        rows = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        kept = [r["teacher/kept_trajectories"] for r in rows if "teacher/kept_trajectories" in r]
+        assert kept == [2.0]
+        saved = (tmp_path / run / "data" / "teacher_episodes.jsonl").read_text().splitlines()
+        assert len(saved) == 4  # every episode is kept on record; two label nothing
