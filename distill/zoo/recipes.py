@@ -166,7 +166,8 @@ DOMAIN_RECIPES: dict[str, dict[str, Recipe]] = {
         # inside an OPD student's loops, repeated the student's action or wrote none: it
         # finished 12.5% of the episodes an OPD student began (4 turns), this one 60%. ROSE
         # with it +0.247 (+0.172 before), SFT +0.328 with `valid_turns_only`, OPD +0.016
-        # (+0.027 before), two seeds each on the deterministic zoo (docs/grid.md).
+        # (+0.027 before), two seeds each at 160 steps on the deterministic zoo; at the presets'
+        # 320 steps OPD +0.186, ROSE +0.286, SFT +0.461 (docs/grid.md).
         "teacher": _SCIWORLD_TEACHER,
         "student": _SCIWORLD_STUDENT,
         # OPSD's student: the student's slice, plus every training episode with its gold plan at
