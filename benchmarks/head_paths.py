@@ -67,8 +67,8 @@ def pairs(
     from types import SimpleNamespace
 
     from distill.config import OPDMethod
-    from distill.engines.states import ce_loss, completion_logprobs
-    from distill.methods import losses
+    from distill.kernels.states import ce_loss, completion_logprobs
+    from distill.kernels import losses
     from distill.methods.on_policy import divergence_loss
 
     mask = b["completion_mask"].bool()

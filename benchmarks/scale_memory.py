@@ -118,7 +118,7 @@ def grpo_loss(model: Any, inputs: dict[str, Any], advantages: Any, fused: bool =
     OPDTrainer gives it (the chunked head), or, `fused`, TRL's own fused LM head for comparison."""
     import torch
 
-    from distill.engines.states import completion_logprobs
+    from distill.kernels.states import completion_logprobs
 
     ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
     mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
@@ -174,7 +174,7 @@ def _ce(kind: str, model: Any, ids: Any, mask: Any, labels: Any) -> Any:
     if kind == "trl:sft":  # TRL's own SFT loss (its fused head), for comparison
         return model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True).loss
     # distill's ROSE trainer and its SFTTrainer subclass: CE through the chunked head.
-    from distill.engines.states import ce_loss
+    from distill.kernels.states import ce_loss
 
     return ce_loss(model, model, {"input_ids": ids, "attention_mask": mask, "labels": labels})
 
@@ -210,7 +210,7 @@ def _on_policy_loss(
     if top_k:
         inputs["teacher_topk_ids"], inputs["teacher_topk_logps"] = theirs.topk()
     if loss_name == "jsd":
-        from distill.engines.states import completion_states
+        from distill.kernels.states import completion_states
 
         with __import__("torch").no_grad():
             inputs["teacher_hidden"] = completion_states(

@@ -28,6 +28,9 @@ NEVER = [
     ("config", "domains"),
     ("config", "engines"),
     ("config", "evals"),
+    # The kernels sit below both the methods and the engines.
+    ("kernels", "methods"),
+    ("kernels", "engines"),
 ]
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 80

@@ -251,10 +251,10 @@ class HFEngine(ChatPrompts):
         """Log-probability of every completion token given its prompt (and, with `top_k`, the
         model's top-k there; with `states`, its final hidden states there), right-padded [B, T]
         tensors on the model's device: hidden states once, the head applied per chunk of
-        positions (engines/heads.py), never [B, T, vocab]."""
+        positions (kernels/heads.py), never [B, T, vocab]."""
         import torch
 
-        from distill.engines.heads import (
+        from distill.kernels.heads import (
             head_gather,
             head_gather_topk,
             output_head,
@@ -334,7 +334,7 @@ class HFEngine(ChatPrompts):
         """(rows, hidden states at those rows' completion positions), `batch_size` rows at a time."""
         import torch
 
-        from distill.engines.states import completion_states
+        from distill.kernels.states import completion_states
 
         width = max((len(p) for p in prompt_ids), default=0) + comp_B_T.shape[1]
         size = batch_size or max(1, SCORE_TOKENS // max(width, 1))

@@ -1,7 +1,7 @@
 """Methods: one file each (sft, opd, rose, opsd), the episode versions for episodic domains
-(episode_sft, episode_online), and the core they share: scoring.py, losses.py, budget.py,
-online.py, callbacks.py. Resolved lazily by name through `distill/registry.py` (the file name =
-the CLI word = the MLflow tag)."""
+(episode_sft, episode_online), and the core they share: scoring.py, budget.py, online.py,
+callbacks.py (the loss kernels live below, in `distill/kernels/`). Resolved lazily by name
+through `distill/registry.py` (the file name = the CLI word = the MLflow tag)."""
 
 from __future__ import annotations
 

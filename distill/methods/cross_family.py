@@ -48,8 +48,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from distill.engines.heads import head_gather, head_gather_topk, scatter_positions
-from distill.methods import losses
+from distill.kernels.heads import head_gather, head_gather_topk, scatter_positions
+from distill.kernels import losses
 from distill.methods.on_policy import advantages
 
 if TYPE_CHECKING:

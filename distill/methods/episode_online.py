@@ -132,13 +132,13 @@ def opd_loss(
     """OPD over the student's turns of whole episodes: `method.loss` token_reward_direct
     (sampled-token advantages, on-policy so the ratio is 1) or forward_kl_topk. The teacher scores
     the same ids (an engine call: a served teacher works too); the student's head is applied per
-    chunk of its turn positions (engines/heads.py)."""
+    chunk of its turn positions (kernels/heads.py)."""
     import torch
 
     from distill.engines.base import right_pad
-    from distill.engines.heads import head_gather, head_gather_topk, output_head, select_positions
-    from distill.engines.states import decoder_states
-    from distill.methods import losses
+    from distill.kernels.heads import head_gather, head_gather_topk, output_head, select_positions
+    from distill.kernels.states import decoder_states
+    from distill.kernels import losses
     from distill.methods.scoring import kl_stats
 
     rows = [ep for ep in episodes if not ep.failed and any(ep.mask({"student"}))]

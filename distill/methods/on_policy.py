@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from distill.config import OnPolicyKL
-from distill.engines.heads import head_gather, head_gather_topk, output_head, select_positions, token_logprobs
-from distill.engines.states import decoder_states
-from distill.methods import losses
+from distill.kernels.heads import head_gather, head_gather_topk, output_head, select_positions, token_logprobs
+from distill.kernels.states import decoder_states
+from distill.kernels import losses
 from distill.methods.scoring import check_lengths, unpad_rows
 
 if TYPE_CHECKING:
@@ -255,7 +255,7 @@ def student_states(model: Any, inputs: dict[str, Any]) -> torch.Tensor:
 
 
 def divergence_loss(trainer: Any, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
-    """The direct-divergence members of the loss family on the trainer's batch (losses.py): the
+    """The direct-divergence members of the loss family on the trainer's batch (kernels/losses.py): the
     student's hidden states once, its head applied per chunk of completion positions; the sampled
     tokens' logprobs from the same pass give the step's `kl/` figures."""
     ctx: RunContext = trainer.distill_ctx

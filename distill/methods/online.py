@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import Trainer, TrainingArguments
 
-from distill.engines.states import ce_loss
+from distill.kernels.states import ce_loss
 from distill.methods.callbacks import DistillCallback, quiet, trainer_common_args
 
 if TYPE_CHECKING:

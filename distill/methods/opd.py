@@ -7,7 +7,7 @@ scores the *same* token ids. With the default loss the per-token advantage is
 
 and TRL's importance-sampled policy-gradient loss is applied on completion tokens only (the
 prompt is never in the loss); the student's logprobs in A_t come from that loss's own forward
-(on_policy.py). The other members of the loss family (`method.loss`, see losses.py) replace that
+(on_policy.py). The other members of the loss family (`method.loss`, see kernels/losses.py) replace that
 loss with a direct divergence on the same batch. Student tokens, student logprobs and teacher
 logprobs must have equal lengths per sample; a mismatch is an error.
 
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from distill.config import OnPolicyKL, OPDMethod
-from distill.engines.states import completion_logprobs
+from distill.kernels.states import completion_logprobs
 from distill.methods import on_policy
 from distill.methods.context import RunContext
 

@@ -4,7 +4,7 @@ advantages.
 Everything stays a tensor on the model's device: the teacher's and the student's per-token
 logprobs arrive as right-padded [B, T] `TokenScores` (the trainer's completion layout), and the
 student's own logprobs in a loss come from hidden states through the chunked head
-(`engines/states.py`, `engines/heads.py`), so no path holds a [B, T, vocab] tensor.
+(`kernels/states.py`, `kernels/heads.py`), so no path holds a [B, T, vocab] tensor.
 """
 
 from __future__ import annotations

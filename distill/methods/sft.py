@@ -144,7 +144,7 @@ def chunked_sft_trainer() -> type:
     [4096 tokens, 32768 vocab] fp32 tiles on CPU (~1-2 GB at any length, benchmarks/scale_memory.py)."""
     from trl import SFTTrainer
 
-    from distill.engines.states import ce_loss
+    from distill.kernels.states import ce_loss
 
     class ChunkedSFTTrainer(SFTTrainer):
         def compute_loss(

@@ -204,7 +204,7 @@ def test_cli_serve_teacher_without_vllm_is_a_clear_error(tmp_path: Path) -> None
 def test_hf_score_topk_matches_the_trainer_layout(tiny_zoo: Any) -> None:
     """score_topk equals the former in-trainer computation (left-padded prompts, right-padded
     completions through the decoder and head), and its logprobs agree with score()."""
-    from distill.engines.states import completion_states
+    from distill.kernels.states import completion_states
 
     engine = HFEngine.load(str(tiny_zoo.teacher))
     prompts = [engine.prompt_ids(p) for p in ("What is 3 times 4?", "Sort: 3 1 2", "hi")]
@@ -224,7 +224,7 @@ def test_hf_score_topk_matches_the_trainer_layout(tiny_zoo: Any) -> None:
         hidden = completion_states(engine.model, tp_ids, tp_mask, comp, mask)
         top = torch.log_softmax(engine.model.get_output_embeddings()(hidden).float(), -1).topk(k, -1)
     keep = mask.bool()
-    # The chunked head (engines/heads.py) against the full-vocabulary log_softmax it replaces.
+    # The chunked head (kernels/heads.py) against the full-vocabulary log_softmax it replaces.
     assert torch.equal(ids_B_T_K[keep], top.indices[keep])
     assert torch.allclose(logps_B_T_K[keep], top.values[keep], atol=1e-5)
     assert not logps_B_T_K[~keep].any()

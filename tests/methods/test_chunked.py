@@ -12,7 +12,7 @@ import torch
 from distill.config import OPDMethod
 from distill.engines.base import right_pad
 from distill.engines.hf import HFEngine
-from distill.methods import losses
+from distill.kernels import losses
 from distill.methods.on_policy import divergence_loss
 from distill.methods.scoring import opd_advantages
 
@@ -105,7 +105,7 @@ def test_divergence_losses_equal_the_full_logits(
     inputs["teacher_logps"] = teacher_scores.logprobs_B_T
     inputs["teacher_topk_ids"], inputs["teacher_topk_logps"] = teacher_scores.topk()
     if loss == "jsd":
-        from distill.engines.states import completion_states
+        from distill.kernels.states import completion_states
 
         with torch.no_grad():
             inputs["teacher_hidden"] = completion_states(
@@ -147,7 +147,7 @@ def test_grpo_logps_and_the_policy_gradient_equal_the_full_logits(
 ) -> None:
     """token_reward_direct: GRPO's per-token logps (at the sampling temperature) through the
     chunked head, and the on-policy loss -(A * ratio) built on them."""
-    from distill.engines.states import completion_logprobs
+    from distill.kernels.states import completion_logprobs
 
     student, teacher = pair
     adv_B_T, _ = opd_advantages(
@@ -173,7 +173,7 @@ def test_grpo_logps_and_the_policy_gradient_equal_the_full_logits(
 
 def test_ce_equals_the_models_own_loss(pair: tuple[HFEngine, HFEngine], rollout: dict[str, Any]) -> None:
     """ROSE and SFT: CE on the labelled tokens, chunked, against transformers' loss on full logits."""
-    from distill.engines.states import ce_loss
+    from distill.kernels.states import ce_loss
 
     student, _ = pair
     ids = torch.cat([rollout["prompt_ids"], rollout["completion_ids"]], 1)

@@ -96,7 +96,7 @@ def _mean_logprob_of(engine: HFEngine, prompt_ids: list[list[int]], token: int) 
     return torch.log_softmax(logits, -1)[:, token].mean().item()
 
 
-# jsd's direction is tested on the chunked JSD in test_losses.py.
+# jsd's direction is tested on the chunked JSD in tests/kernels/test_losses.py.
 @pytest.mark.parametrize("loss", ["token_reward_direct", "k1", "k3", "forward_kl_topk"])
 def test_teacher_preferring_a_token_raises_the_students_logprob_of_it(
     tmp_path: Path, tiny_zoo, loss: str
@@ -110,9 +110,9 @@ def test_teacher_preferring_a_token_raises_the_students_logprob_of_it(
     assert isinstance(x, int) and x != teacher.tokenizer.unk_token_id
 
     # A bias on the teacher's head: every scoring path reads the head's weight and bias (the
-    # chunked head, engines/heads.py), so this is the teacher's distribution wherever it is read.
+    # chunked head, kernels/heads.py), so this is the teacher's distribution wherever it is read.
     bias = torch.zeros(teacher.model.lm_head.out_features)
-    # k3's value is clamped at 10 as verl's (losses.py): at +4 (ratio e^4, value 49) the clamp
+    # k3's value is clamped at 10 as verl's (kernels/losses.py): at +4 (ratio e^4, value 49) the clamp
     # binds where x is sampled and its gradient there is 0; +2 (value 4.4) stays inside it.
     bias[x] = 2.0 if loss == "k3" else 4.0
     teacher.model.lm_head.bias = torch.nn.Parameter(bias, requires_grad=False)
@@ -149,7 +149,7 @@ def test_signal_scores_the_student_at_temperature_one(
     temperature 1), never the tempered student with the untempered teacher (docs: OPD temperature)."""
     import copy
 
-    from distill.methods import losses, on_policy
+    from distill.kernels import losses, on_policy
     from distill.methods.opd import train
 
     student = HFEngine.load(str(tiny_zoo.student))

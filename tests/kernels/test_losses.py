@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from distill.methods import losses
+from distill.kernels import losses
 
 B, T, V, K = 2, 3, 11, 4
 

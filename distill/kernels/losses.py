@@ -103,10 +103,10 @@ def jsd_loss(
     temperature: float = 1.0,
 ) -> torch.Tensor:
     """Full-vocabulary generalised JSD over the masked positions, both heads applied per chunk of
-    positions with checkpointed chunks (engines/heads.py): never a [B, T, V] tensor. TRL's own
+    positions with checkpointed chunks (kernels/heads.py): never a [B, T, V] tensor. TRL's own
     chunked kernel holds ~1.7 GB of tiles on CPU at any length (benchmarks/scale_memory.py)."""
-    from distill.engines.heads import select_positions
-    from distill.engines.jsd import chunked_jsd
+    from distill.kernels.heads import select_positions
+    from distill.kernels.jsd import chunked_jsd
 
     mask = mask_B_T.bool()
     student_N_H = select_positions(student_hidden_B_T_H, mask)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from distill.engines.heads import (
+from distill.kernels.heads import (
     default_chunk_rows,
     head_gather,
     head_gather_topk,
@@ -344,7 +344,7 @@ MEMORY_PROBE = textwrap.dedent(
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     import torch
     torch.set_num_threads(1)
-    from distill.engines.heads import token_logprobs
+    from distill.kernels.heads import token_logprobs
 
     def kib(field):
         return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))

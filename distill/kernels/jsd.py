@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from distill.engines.heads import chunk_logits, default_chunk_rows
+from distill.kernels.heads import chunk_logits, default_chunk_rows
 
 
 def _log_softmax_block(

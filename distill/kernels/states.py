@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from distill.engines.heads import output_head, select_positions, token_logprobs
+from distill.kernels.heads import output_head, select_positions, token_logprobs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -110,7 +110,7 @@ def completion_logprobs(
     (no grad; one more pass of the head over the same hidden states, None when temperature is 1
     anyway). What GRPOTrainer's per-token logps are, from the chunked head instead of TRL's fused
     head (whose CPU path holds [4096 tokens, 32768 vocab] fp32 tiles, ~1-2 GB at any length)."""
-    from distill.engines.heads import scatter_positions, token_logprobs, token_logprobs_entropy
+    from distill.kernels.heads import scatter_positions, token_logprobs, token_logprobs_entropy
 
     hidden_B_L_H = decoder_states(model, input_ids_B_L, attention_mask_B_L)
     # Position t of the completion is predicted by the state just before it.
