@@ -59,6 +59,12 @@ class ModelConfig(Strict):
     precision: Precision = "fp32"
     # None: the model family's own default; passed to chat templates as `enable_thinking`.
     enable_thinking: bool | None = None
+    # Where the model runs (engine=hf): auto is the GPU the trainer uses when there is one, else
+    # the CPU; cpu, cuda or cuda:N pin it. A model left on the CPU beside a GPU is said at start.
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    # A Jinja chat-template file for a tokenizer that has none (or whose own should not be used):
+    # a tokenizer without a template is refused rather than given a silent default.
+    chat_template: str | None = None
 
     @model_validator(mode="after")
     def _server_needs_url(self) -> ModelConfig:
@@ -326,6 +332,9 @@ class EvalConfig(Strict):
     max_new_tokens: int = Field(64, ge=1)
     batch_size: int = Field(64, ge=1)
     eval_teacher: bool = True
+    # A benchmark item whose prompt leaves the model no room to answer: fail names the items and
+    # stops; skip leaves them out and reports how many (verl's filter_overlong_prompts).
+    overlong: Literal["fail", "skip"] = "fail"
 
 
 class CheckpointConfig(Strict):
