@@ -26,12 +26,16 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from distill import registry
+
 if TYPE_CHECKING:
     from distill.config import RunConfig
     from distill.settings import Settings
 
 Say = Callable[[str], None]
 GRID_FILE = "grid.json"
+# A domain's budget is its preset of this method (after the grid's overrides).
+BUDGET_METHOD = "opd"
 
 
 class Budget(BaseModel):
@@ -45,7 +49,7 @@ class Budget(BaseModel):
 
     def overrides(self, method: str) -> list[str]:
         out = [f"optim.max_steps={self.steps}", f"eval.items={self.eval_items}"]
-        if method == "sft":  # SFT draws no rollouts: it gets the same sequences per step
+        if not registry.method_entry(method).student_samples:  # no rollouts: the same sequences per step
             return [*out, f"optim.batch_size={self.prompts_per_step * self.samples_per_prompt}"]
         return [
             *out,
@@ -55,7 +59,7 @@ class Budget(BaseModel):
 
     def of(self, config: RunConfig) -> Budget:
         """The budget `config` actually has (to check a cell against its domain's)."""
-        sft = config.method.name == "sft"
+        sft = not registry.method_entry(config.method.name).student_samples
         return Budget(
             steps=config.optim.max_steps,
             prompts_per_step=config.optim.batch_size // self.samples_per_prompt
@@ -195,7 +199,7 @@ def plan(
         check_run_id(spec.run_id(Cell(spec.domains[0], spec.methods[0], 0)), "--name")
         for domain in spec.domains:
             shared = [t for scope, t in map(_scope, overrides) if scope in (None, domain)]
-            ref = _resolve(domain, "opd", shared)
+            ref = _resolve(domain, BUDGET_METHOD, shared)
             spec.budgets[domain] = Budget(
                 steps=ref.optim.max_steps,
                 prompts_per_step=ref.rollout.prompts_per_step,

@@ -7,14 +7,15 @@ the config can check names against it without loading a domain, a method or torc
 Adding a domain is one line in `DOMAINS` plus its folder `distill/domains/<name>/`, which holds
 its config model (`config.py`) and its builder. A multi-turn domain sets `episodic=True` and
 implements the episodic protocol (`distill/episodes/protocol.py`); its methods are then the
-episode versions (`EPISODE_METHODS`), for every method they list.
+episode versions (`MethodEntry.episodes`). A method's entry also declares what it can do
+(`MethodEntry`): the only list of method capabilities in the code.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -41,20 +42,83 @@ DOMAINS: dict[str, DomainEntry] = {
     ),
 }
 
-# Single-turn methods: one response per prompt.
-METHODS: dict[str, str] = {
-    "sft": "distill.methods.sft:train",
-    "opd": "distill.methods.opd:train",
-    "opsd": "distill.methods.opsd:train",
-    "rose": "distill.methods.rose:train",
-}
+@dataclass(frozen=True)
+class MethodEntry:
+    """A method's code and what it can do: the config, the engines, the grid and preflight read
+    these fields, never a list of method names of their own."""
 
-# The same methods on whole episodes (episodic domains); a method missing here does not run on them.
-EPISODE_METHODS: dict[str, str] = {
-    "sft": "distill.methods.episode_sft:train",
-    "rose": "distill.methods.episode_online:train_rose",
-    "opd": "distill.methods.episode_online:train_opd",
-    "opsd": "distill.methods.episode_online:train_opsd",
+    train: str  # "module:attr" of `train(ctx)` on single-turn domains
+    episodes: str | None  # the same on episodic domains; None: the method does not run there
+    # How its teacher takes part: writes whole responses (sft), continues the student's prefix
+    # (rose), or scores the student's own tokens (opd, opsd).
+    teacher: Literal["writes", "continues", "scores"]
+    # How the teacher's prompt shows the problem: as the student sees it, or with the domain's
+    # privileged context (opsd); None: the teacher never reads the student's prompt.
+    view: Literal["plain", "privileged"] | None = "plain"
+    # The teacher is the student's own weights (step-0, live or EMA): no model of its own, no server.
+    own_teacher: bool = False
+    # The student samples its training sequences (sft trains on the teacher's instead).
+    student_samples: bool = True
+    # Student rollouts and loss on TRL's GRPO trainer (single-turn): rollout.engine=vllm and
+    # rollout.async_teacher go through it.
+    trl_rollout: bool = False
+    # The teacher can score batch i while the student generates batch i+1 (rollout.async_teacher).
+    async_teacher: bool = False
+    # Method fields that mean something on one kind of domain only (refused on the other).
+    single_turn_fields: tuple[str, ...] = ()
+    episodic_fields: tuple[str, ...] = ()
+    # The OPD-family losses it supports on episodic domains (None: every one, or no loss knob).
+    episodic_losses: tuple[str, ...] | None = None
+
+    @property
+    def cross_family_scoring(self) -> bool:
+        """Scores the student's tokens with a separate teacher: the byte-aligned path when the
+        tokenizers differ (methods/cross_family.py)."""
+        return self.teacher == "scores" and not self.own_teacher
+
+    def target(self, episodic: bool) -> str | None:
+        return self.episodes if episodic else self.train
+
+
+# The OPD-family losses scored over whole episodes.
+_EPISODIC_LOSSES = ("token_reward_direct", "forward_kl_topk")
+
+METHODS: dict[str, MethodEntry] = {
+    "sft": MethodEntry(
+        "distill.methods.sft:train",
+        "distill.methods.episode_sft:train",
+        teacher="writes",
+        view=None,
+        student_samples=False,
+        episodic_fields=("valid_turns_only",),
+    ),
+    "opd": MethodEntry(
+        "distill.methods.opd:train",
+        "distill.methods.episode_online:train_opd",
+        teacher="scores",
+        trl_rollout=True,
+        async_teacher=True,
+        # Cross-family OPD is single-turn: the episodic path refuses cross-family pairs.
+        single_turn_fields=("group_advantage", "cross_family"),
+        episodic_losses=_EPISODIC_LOSSES,
+    ),
+    "opsd": MethodEntry(
+        "distill.methods.opsd:train",
+        "distill.methods.episode_online:train_opsd",
+        teacher="scores",
+        view="privileged",
+        own_teacher=True,
+        trl_rollout=True,
+        episodic_fields=("privileged_every_turn",),
+        episodic_losses=_EPISODIC_LOSSES,
+    ),
+    "rose": MethodEntry(
+        "distill.methods.rose:train",
+        "distill.methods.episode_online:train_rose",
+        teacher="continues",
+        single_turn_fields=("prefix_tokens", "prefix_tokens_min", "prefix_fraction"),
+        episodic_fields=("student_turns", "student_turns_min", "keep_verified_only"),
+    ),
 }
 
 BENCHMARKS: dict[str, BenchmarkEntry] = {
@@ -79,15 +143,21 @@ def domain_entry(name: str) -> DomainEntry:
         raise ValueError(f"unknown domain {name!r}; known: {', '.join(DOMAINS)}") from None
 
 
+def method_entry(name: str) -> MethodEntry:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}") from None
+
+
 def method_target(name: str, domain: str) -> str:
     """The "module:attr" of method `name`'s training function on `domain`."""
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
-    if not domain_entry(domain).episodic:
-        return METHODS[name]
-    if name not in EPISODE_METHODS:
+    entry = method_entry(name)
+    episodic = domain_entry(domain).episodic
+    target = entry.target(episodic)
+    if target is None:
+        runs_on = ", ".join(m for m, e in METHODS.items() if e.target(episodic) is not None)
         raise ValueError(
-            f"method {name!r} does not run on the multi-turn domain {domain!r}; "
-            f"methods for {domain}: {', '.join(EPISODE_METHODS)}"
+            f"method {name!r} does not run on the multi-turn domain {domain!r}; methods for {domain}: {runs_on}"
         )
-    return EPISODE_METHODS[name]
+    return target

@@ -23,15 +23,29 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distill import __version__, launch
-from distill.config import ModelConfig, OPDMethod, RunConfig, dump_config
-from distill.tracking.rundir import RunDir, new_run_id, resolve_tracking_uri
+from distill.archive.manifest import build_manifest, check_same_start
+from distill.config import RunConfig, dump_config
+from distill.diagnose.findings import Severity
+from distill.diagnose.records import load_run
+from distill.diagnose.report import build_report
+from distill.engines.compat import check_config
+from distill.engines.hf import HFEngine
+from distill.evals import evaluator_for
+from distill.methods.context import RunContext, train_or_take_final
+from distill.methods.preflight import PreflightError, failure_entry
+from distill.prepare import budget_warnings, preflight, prepare
+from distill.tracking.base import NullTracker
+from distill.tracking.lock import RunLock
+from distill.tracking.record import log_record, open_run_tracker
+from distill.tracking.record import repair_runs as repair
+from distill.tracking.rundir import RunDir, new_run_id, resolve_tracking_uri, step_of
+from distill.tracking.steplog import SilentLog, StepLog
+from distill.zoo.check import check_models
 
 if TYPE_CHECKING:
     from distill.domains.base import Domain
     from distill.engines.base import Engine
-    from distill.engines.hf import HFEngine
     from distill.evals.single_turn import EvalResult
-    from distill.methods.context import RunContext
     from distill.settings import Settings
     from distill.tracking.base import Tracker
 
@@ -54,10 +68,6 @@ def execute(
     `callbacks`: extra transformers TrainerCallbacks for the method's trainer. A bad run name,
     an unknown `resume` or a run another process is writing raise RunRefused before anything
     is written; resuming a FINISHED run changes nothing."""
-    from distill.engines.compat import check_config
-    from distill.tracking.lock import RunLock
-    from distill.zoo.check import check_models
-
     # Under `accelerate launch` every process runs this: rank 0 owns the run dir and MLflow run.
     launch.init_distributed()
     if not launch.is_main_process():
@@ -104,14 +114,12 @@ def _execute(
     say: Say,
     callbacks: Sequence[Any],
 ) -> dict[str, Any]:
-    from distill.tracking.base import NullTracker
-
     resume_from = None
     if resuming:
         config = run.read_config()
         summary = run.read_summary()
         resume_from = run.last_checkpoint()
-        run.trim_metrics(int(resume_from.name[5:]) if resume_from else 0, config.optim.max_steps)
+        run.trim_metrics(step_of(resume_from or "") or 0, config.optim.max_steps)
         summary.setdefault("tracking_uri", resolve_tracking_uri(config, settings))
         # The manifest keeps the command that started the run; each resume is recorded beside it.
         summary.setdefault("argv", _manifest_argv(run) or argv)
@@ -179,8 +187,6 @@ def _end_failed(job: Job, exc: BaseException) -> None:
 def _end(job: Job, status: str) -> None:
     """Every exit path: diagnosis, the run's files to MLflow, the MLflow run closed. A store that
     refuses costs a warning, never the run's outcome (nor hides its error)."""
-    from distill.tracking.record import log_record
-
     run, tracker, summary, say = job.run, job.tracker, job.summary, job.say
     run.write_summary(summary)  # the outcome first: diagnose reads it, and what follows may fail
     _diagnose_at_end(run, summary, say)
@@ -197,10 +203,9 @@ def _end(job: Job, status: str) -> None:
 
 def _record_preflight_failure(run: RunDir, exc: BaseException) -> None:
     """A first-batch preflight check (in the trainer) that stopped the run goes into preflight.json."""
-    module = sys.modules.get("distill.methods.preflight")  # not loaded: not a PreflightError
-    if module is None or not isinstance(exc, module.PreflightError) or exc.report is not None:
+    if not isinstance(exc, PreflightError) or exc.report is not None:
         return
-    name, entry = module.failure_entry(exc)
+    name, entry = failure_entry(exc)
     report = run.read_preflight()
     report.setdefault("checks", {})[name] = entry
     run.write_preflight(report)
@@ -208,8 +213,6 @@ def _record_preflight_failure(run: RunDir, exc: BaseException) -> None:
 
 def repair_runs(settings: Settings, ref: str | None, say: Say) -> int:
     """`distill runs --repair [RUN]` (`tracking.record.repair_runs`), with the run path's diagnosis."""
-    from distill.tracking.record import repair_runs as repair
-
     return repair(settings, ref, say, _diagnose_at_end)
 
 
@@ -232,10 +235,6 @@ def _diagnose_at_end(run: RunDir, summary: dict[str, Any], say: Say) -> None:
     """The diagnose summary of DESIGN's run path: findings in summary.json, report and plots in
     `diagnose/` (logged with the run's other files)."""
     try:
-        from distill.diagnose.findings import Severity
-        from distill.diagnose.records import load_run
-        from distill.diagnose.report import build_report
-
         report = build_report(load_run(run.path))
     except Exception as exc:  # a diagnosis that fails must not fail a finished run
         say(f"diagnose: skipped ({type(exc).__name__}: {exc})")
@@ -247,81 +246,23 @@ def _diagnose_at_end(run: RunDir, summary: dict[str, Any], say: Say) -> None:
 
 
 def _open_tracker(job: Job, resuming: bool) -> Tracker:
-    from distill.tracking.record import open_run_tracker
-
     return open_run_tracker(
         job.config, job.settings, job.run, job.summary, job.resume_from, resuming, job.say
     )
 
 
-def load_engine(spec: ModelConfig, config: RunConfig, settings: Settings) -> Engine:
-    """The student's or teacher's engine: a zoo name is built on first use."""
-    from distill.zoo import resolve_model
-
-    path = resolve_model(spec.name, config.domain, settings)
-    if spec.engine == "server":  # engines/compat.py has checked the method can use a served teacher
-        from distill.engines.server import ServerEngine
-
-        return ServerEngine.load(path, str(spec.url), spec.server, spec.enable_thinking)
-    from distill.engines.hf import HFEngine
-
-    return HFEngine.load(path, spec.precision, spec.enable_thinking)
-
-
-def load_student(config: RunConfig, settings: Settings) -> HFEngine:
-    """The student trains in this process: always the hf engine (the config refuses a server)."""
-    from distill.engines.hf import HFEngine
-
-    engine = load_engine(config.student, config, settings)
-    if not isinstance(engine, HFEngine):
-        raise ValueError("student.engine: the student trains in this process (engine=hf)")
-    return engine
-
-
-def _prepare(
-    config: RunConfig, settings: Settings
-) -> tuple[Callable[[RunContext], None], Domain, HFEngine, Engine]:
-    """What every process of a run does first: quiet libraries, seed, method, domain, engines."""
-    import warnings
-
-    import torch
-    import transformers
-    from transformers import set_seed
-
-    from distill.domains import build_domain
-    from distill.methods import get_method
-
-    # Library deprecation chatter from inside TRL/transformers is not the user's to act on.
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    set_seed(config.seed)
-    train = get_method(config.method.name, config.domain.name)  # a method the domain lacks fails here
-    domain = build_domain(config.domain)
-    try:
-        student = load_student(config, settings)
-        teacher = load_engine(config.teacher, config, settings)
-    except BaseException:
-        domain.close()
-        raise
-    # After the engines load: a zoo build (inside load_engine) keeps torch's default threads, so
-    # the cached zoo models are the same whatever `threads` a run asks for.
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    return train, domain, student, teacher
-
-
 def _train_and_evaluate(job: Job, domains: list[Domain]) -> None:
-    from distill.methods.context import RunContext, train_or_take_final
-    from distill.tracking.steplog import StepLog
-
     config, run, tracker, summary, say = job.config, job.run, job.tracker, job.summary, job.say
     start = time.time()
-    train, domain, student, teacher = _prepare(config, job.settings)
+    prepared = prepare(config, job.settings)
+    train, domain, student, teacher = prepared.train, prepared.domain, prepared.student, prepared.teacher
     domains.append(domain)
-    _check_budgets(config, domain, student, teacher, summary, say)
-    _preflight(config, domain, student, teacher, say, run)
+    warnings = budget_warnings(config, domain, student, teacher)
+    for warning in warnings:
+        say(f"warning: {warning}")
+    if warnings:
+        summary["warnings"] = warnings
+    preflight(config, domain, student, teacher, say, run)
     run.write_manifest(_manifest(job, student, teacher))
     for path in (run.config, run.manifest, run.preflight):
         if path.exists():
@@ -338,8 +279,6 @@ def _train_and_evaluate(job: Job, domains: list[Domain]) -> None:
         say(_score_line("teacher", summary["teacher_score"]))
 
     def evaluate_student(step: int, model: Any) -> EvalResult:
-        from distill.engines.hf import HFEngine
-
         live = HFEngine(model, student.tokenizer, student.enable_thinking)
         return evaluate(live, f"eval: step {step}", step, "")
 
@@ -366,15 +305,13 @@ def _train_and_evaluate(job: Job, domains: list[Domain]) -> None:
 
 def _run_eval(job: Job, domain: Domain, log: Any) -> Callable[[Engine, str, int, str], EvalResult]:
     """The run's eval: its items, written to `eval/` and logged under the domain's name."""
-    from distill.evals import evaluator_for
-
     evaluate = evaluator_for(domain)
     config = job.config
     items = domain.eval_items()[: config.eval.items]
 
     def run_eval(engine: Engine, label: str, step: int, prefix: str) -> EvalResult:
         result = evaluate(engine, domain, items, config.eval, label)
-        result.write(job.run.eval / f"{prefix}step-{step}.jsonl")
+        result.write(job.run.eval_file(step, prefix))
         log.write(step, {f"{prefix}{k}": v for k, v in result.named(config.domain.name).items()})
         return result
 
@@ -385,8 +322,6 @@ def _manifest(job: Job, student: Engine, teacher: Engine) -> dict[str, Any]:
     """The manifest of what the run started from. A resume keeps the start (model pins, git state,
     packages, hardware) and refuses models that changed since: the rest of the run would train
     against another teacher; its own git state and packages go under `resumes`."""
-    from distill.archive.manifest import build_manifest, check_same_start
-
     manifest = build_manifest(job.config, job.argv, job.tracker.run_id, student, teacher)
     previous = job.run.read_manifest() if job.resume_from is not None and job.run.manifest.exists() else None
     if previous is not None:
@@ -401,86 +336,35 @@ def _manifest(job: Job, student: Engine, teacher: Engine) -> dict[str, Any]:
     return manifest
 
 
-def _check_budgets(
-    config: RunConfig, domain: Domain, student: Engine, teacher: Engine, summary: dict[str, Any], say: Say
-) -> None:
-    """Token budgets against the models' contexts (engines/context.py): capped with a warning,
-    kept in summary.json, or a one-line error before anything is generated. Also the warning of
-    cross-family OPD on a sampled-token loss (docs/cross_family.md)."""
-    from distill.methods.budget import context_checks
-    from distill.methods.preflight import crosses
-
-    warnings = [w for check in context_checks(config, domain, student, teacher) if (w := check.warning())]
-    if config.method.name == "opd" and crosses(config, student, teacher):
-        from distill.methods.cross_family import warning as cross_warning
-
-        assert isinstance(config.method, OPDMethod)
-        if note := cross_warning(config.method, config.student.name, config.teacher.name):
-            warnings.append(note)
-    for warning in warnings:
-        say(f"warning: {warning}")
-    if warnings:
-        summary["warnings"] = warnings
-
-
-def _preflight(
-    config: RunConfig, domain: Domain, student: HFEngine, teacher: Engine, say: Say, run: RunDir | None = None
-) -> str | None:
-    """Template / thinking / self-score checks for on-policy methods; raises PreflightError. A
-    run keeps the report, passed or failed, in `preflight.json` (what diagnose reads)."""
-    from distill.methods.preflight import preflight_report
-
-    report = preflight_report(config, domain, student, teacher, run)
-    if report is None:
-        return None
-    text = report.render()
-    say("preflight:\n" + text)
-    return text
-
-
-def preflight_only(config: RunConfig, settings: Settings, say: Say) -> str:
-    """`distill run --preflight`: load the pair, run the checks, train nothing, write nothing."""
-    from distill.domains import build_domain
-
-    domain = build_domain(config.domain)
-    try:
-        student = load_student(config, settings)
-        teacher = load_engine(config.teacher, config, settings)
-        text = _preflight(config.model_copy(update={"preflight": True}), domain, student, teacher, say)
-    finally:
-        domain.close()
-    if text is None:
-        say(f"preflight: nothing to check for method {config.method.name} (no teacher scores student tokens)")
-        return ""
-    return text
-
-
 def train_worker(settings: Settings) -> dict[str, Any]:
     """Ranks > 0: train the run rank 0 created; log, evaluate and checkpoint nothing themselves."""
-    from distill.methods.context import RunContext, train_or_take_final
-    from distill.tracking.base import NullTracker
-    from distill.tracking.steplog import SilentLog
-
     where = launch.broadcast(None)
     run, resume_from = RunDir(Path(where[0])), (Path(where[1]) if where[1] else None)
     # The config rank 0 saved, so every rank trains exactly the same run (and the same on resume).
     config = run.read_config()
     try:
-        train, domain, student, teacher = _prepare(config, settings)
+        prepared = prepare(config, settings)
     except BaseException:
         _worker_error(run)
         raise
     try:
         # As rank 0 does: no training at all when the resume's checkpoint holds the last step.
         ctx = RunContext(
-            config, run, domain, student, teacher, SilentLog(NullTracker()), resume_from, say=lambda _: None
+            config,
+            run,
+            prepared.domain,
+            prepared.student,
+            prepared.teacher,
+            SilentLog(NullTracker()),
+            resume_from,
+            say=lambda _: None,
         )
-        train_or_take_final(ctx, train)
+        train_or_take_final(ctx, prepared.train)
     except BaseException:
         _worker_error(run)
         raise
     finally:
-        domain.close()
+        prepared.domain.close()
     return {"run_id": run.name, "rank": launch.rank(), "status": "WORKER_DONE"}
 
 

@@ -124,12 +124,14 @@ def test_sharded_launchers_are_recognised(monkeypatch: pytest.MonkeyPatch) -> No
 @pytest.mark.parametrize("loss", ["forward_kl_topk", "jsd", "k3"])
 def test_divergence_losses_refuse_a_sharded_student(monkeypatch: pytest.MonkeyPatch, loss: str) -> None:
     from distill.config import OPDMethod, RunConfig
+    from distill.methods.batch import TeacherSide
     from distill.methods.context import RunContext
-    from distill.methods.opd import train_on_policy
+    from distill.methods.on_policy import train_on_policy
+    from distill.methods.views import plain_prompt
     from distill.tracking.rundir import RunDir
 
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     # Refused before the domain, the engines or the log are touched: none is needed.
     ctx = RunContext(RunConfig(method=OPDMethod(loss=loss)), RunDir(Path(".")), None, None, None, None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=f"method.loss={loss} trains in several processes with DDP only"):
-        train_on_policy(ctx, lambda engine, item: [])  # type: ignore[arg-type]
+        train_on_policy(ctx, TeacherSide(None, plain_prompt))  # type: ignore[arg-type]

@@ -129,7 +129,7 @@ def run(
 
 def _preflight_only(cfg: RunConfig | None, settings: Settings) -> None:
     from distill.methods.preflight import PreflightError
-    from distill.runner import preflight_only
+    from distill.prepare import preflight_only
 
     if cfg is None:
         raise fail("--preflight checks a new config; it does not combine with --resume")

@@ -15,10 +15,7 @@ from distill.config.files import (
     set_dotted,
 )
 from distill.config.models import (
-    EPISODIC_LOSSES,
-    EPISODIC_ONLY,
     OPSD_TEMPLATE,
-    SINGLE_TURN_ONLY,
     CheckpointConfig,
     ConfigError,
     DomainBase,
@@ -43,10 +40,7 @@ from distill.config.models import (
 )
 
 __all__ = [
-    "EPISODIC_LOSSES",
-    "EPISODIC_ONLY",
     "OPSD_TEMPLATE",
-    "SINGLE_TURN_ONLY",
     "CheckpointConfig",
     "ConfigError",
     "DomainBase",

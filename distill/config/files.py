@@ -113,7 +113,8 @@ def resolve_config(
         # `teacher.engine=server teacher.url=...` alone keeps the schema's default model, as any
         # other partial override does (opsd's teacher is the student: RunConfig fills it).
         spec = data.get(role)
-        if isinstance(spec, dict) and "name" not in spec and not (role == "teacher" and method == "opsd"):
+        own_teacher = role == "teacher" and registry.METHODS[method].own_teacher
+        if isinstance(spec, dict) and "name" not in spec and not own_teacher:
             spec["name"] = f"zoo:{role}"
     try:
         return RunConfig.model_validate(data)

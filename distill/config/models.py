@@ -21,6 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from distill import registry
+
 Precision = Literal["fp32", "bf16", "fp16"]
 
 
@@ -107,8 +109,6 @@ class DomainBase(Strict):
 
 def domain_model(name: str) -> type[DomainBase]:
     """The config model of domain `name`, through the registry (a light pydantic module)."""
-    from distill import registry
-
     try:
         entry = registry.domain_entry(name)
     except ValueError as exc:
@@ -200,6 +200,15 @@ class OPSDMethod(OnPolicyKL):
     # small model does not read a plan ~1k tokens back (docs/sciworld.md).
     privileged_every_turn: bool = False
 
+    @field_validator("teacher_template")
+    @classmethod
+    def _known_placeholders(cls, value: str) -> str:
+        try:
+            value.format(problem="", solution="")
+        except (KeyError, IndexError) as exc:
+            raise ValueError(f"unknown placeholder {exc}; use {{problem}} and {{solution}}") from None
+        return value
+
 
 class ROSEMethod(Strict):
     """The student writes a prefix (mask 0), the teacher continues it (mask 1), CE on the
@@ -244,21 +253,6 @@ class ROSEMethod(Strict):
                 f"student_turns_min ({self.student_turns_min}) is above student_turns ({self.student_turns})"
             )
         return self
-
-
-# Method fields that only mean something on single-turn domains, or only on episodic ones.
-SINGLE_TURN_ONLY = {
-    "rose": ("prefix_tokens", "prefix_tokens_min", "prefix_fraction"),
-    # Cross-family OPD is single-turn: the episodic path refuses cross-family pairs.
-    "opd": ("group_advantage", "cross_family"),
-}
-EPISODIC_ONLY = {
-    "sft": ("valid_turns_only",),
-    "rose": ("student_turns", "student_turns_min", "keep_verified_only"),
-    "opsd": ("privileged_every_turn",),
-}
-# The OPD-family losses an episodic domain supports (whole-episode scoring).
-EPISODIC_LOSSES = ("token_reward_direct", "forward_kl_topk")
 
 
 MethodConfig = Annotated[SFTMethod | OPDMethod | OPSDMethod | ROSEMethod, Field(discriminator="name")]
@@ -400,20 +394,18 @@ class RunConfig(Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _opsd_teacher_is_the_student(cls, data: Any) -> Any:
+    def _own_teacher_is_the_student(cls, data: Any) -> Any:
         # OPSD has one model: its teacher is the student's own (step-0 / live / EMA) weights.
-        if (
-            isinstance(data, dict)
-            and isinstance(data.get("method"), dict)
-            and data["method"].get("name") == "opsd"
-        ):
+        method = data.get("method") if isinstance(data, dict) else None
+        name = method.get("name") if isinstance(method, dict) else None
+        if isinstance(name, str) and name in registry.METHODS and registry.METHODS[name].own_teacher:
             student = data.get("student") or {"name": "zoo:student"}
             student = student if isinstance(student, dict) else student.model_dump()
             teacher = data.get("teacher")
             named = teacher.get("name") if isinstance(teacher, dict) else getattr(teacher, "name", None)
             if named not in (None, student.get("name")):
                 raise ValueError(
-                    f"teacher.name={named} but opsd's teacher is the student itself ({student.get('name')}); "
+                    f"teacher.name={named} but {name}'s teacher is the student itself ({student.get('name')}); "
                     "drop teacher.name (method.teacher_weights picks base, live or ema weights)"
                 )
             data = {**data, "teacher": dict(student)}
@@ -426,8 +418,6 @@ class RunConfig(Strict):
         # by name, so its fields are checked and the errors point into `domain.`.
         if isinstance(value, dict):
             name = value.get("name", "rlve")
-            from distill import registry
-
             try:
                 registry.domain_entry(str(name))
             except ValueError as exc:
@@ -448,31 +438,33 @@ class RunConfig(Strict):
 
         A field counts as used when it differs from its default, so a saved config (every field
         written out) loads again."""
-        from distill import registry
-
         episodic = registry.domain_entry(self.domain.name).episodic
         method, name = self.method, self.method.name
-        own, other = (EPISODIC_ONLY, SINGLE_TURN_ONLY) if episodic else (SINGLE_TURN_ONLY, EPISODIC_ONLY)
-        for field in other.get(name, ()):
+        entry = registry.method_entry(name)
+        own, other = (
+            (entry.episodic_fields, entry.single_turn_fields)
+            if episodic
+            else (entry.single_turn_fields, entry.episodic_fields)
+        )
+        for field in other:
             if getattr(method, field) != type(method).model_fields[field].default:
                 kind = "multi-turn" if episodic else "single-turn"
-                knobs = ", ".join(f"method.{f}" for f in own.get(name, ())) or "the shared ones"
+                knobs = ", ".join(f"method.{f}" for f in own) or "the shared ones"
                 raise ValueError(
                     f"method.{field} does not apply on the {kind} domain {self.domain.name}; its {name} "
                     f"knobs are {knobs}"
                 )
         loss = getattr(method, "loss", None)
-        if episodic and loss is not None and loss not in EPISODIC_LOSSES:
+        supported = entry.episodic_losses
+        if episodic and loss is not None and supported is not None and loss not in supported:
             raise ValueError(
                 f"method.loss={loss}: on the multi-turn domain {self.domain.name} {name} supports "
-                f"{' and '.join(EPISODIC_LOSSES)}"
+                f"{' and '.join(supported)}"
             )
         return self
 
 
 def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
-    from distill import registry
-
     parts = []
     # Union members show up in pydantic's locations as their tag (`method.opd.coef`): drop them.
     tags = set(registry.DOMAINS) | set(registry.METHODS)

@@ -66,6 +66,13 @@ class Domain(ABC):
             return item.solution
         return f"The final answer is \\boxed{{{item.answer}}}."
 
+    def privileged_message(self, template: str, item: Item, problem: str | None = None) -> str:
+        """A privileged teacher's user message: `template` (OPSD's `method.teacher_template`)
+        around the problem (`problem`, default the item's prompt; an episode's first user message)
+        and this item's privileged context."""
+        shown = item.prompt if problem is None else problem
+        return template.format(problem=shown.strip(), solution=self.privileged_context(item).strip())
+
     def benchmark_items(
         self, name: str, data: str | None, count: int, seed: int = 0
     ) -> tuple[list[Item], str]:

@@ -256,9 +256,11 @@ class Engine(Protocol):
         completion_ids: Sequence[Sequence[int]],
         batch_size: int | None = None,
         top_k: int = 0,
+        states: bool = False,
     ) -> TokenScores:
         """Log-probability of every completion token given its prompt and the tokens before it;
-        with `top_k`, also the model's top-k at each position, from the same pass."""
+        with `top_k`, also the model's top-k at each position, from the same pass; with `states`,
+        its final hidden states there (an engine with the weights in this process only)."""
         ...
 
     def score_topk(

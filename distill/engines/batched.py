@@ -17,7 +17,7 @@ prefill, the decode steps of llama-family models skip the transformers call (eng
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -25,7 +25,20 @@ from distill.engines.base import Completion, KVCache
 from distill.engines.decode import DecodeState, lean_decoder
 
 if TYPE_CHECKING:
-    from distill.engines.hf import HFEngine
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+class Decoding(Protocol):
+    """What `continue_many` needs of an engine (the hf engine's model in this process)."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    lean_decode: bool
+
+    @property
+    def eos_ids(self) -> set[int]: ...
+
+    def completion(self, row: list[int], eos: set[int]) -> Completion: ...
 
 
 def _layers(past: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
@@ -142,7 +155,7 @@ def _shared(prefix: Sequence[int], ids: Sequence[int]) -> int:
 
 
 def continue_many(
-    engine: HFEngine,
+    engine: Decoding,
     rows: Sequence[Sequence[int]],
     caches: Sequence[KVCache | None],
     budgets: Sequence[int],

@@ -10,37 +10,36 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
+from distill import registry
 from distill.config import ConfigError
 
 if TYPE_CHECKING:
     from distill.config import RunConfig
 
-# Methods whose student rollouts come from a TRL trainer's generation path (rollout.engine=vllm).
-TRL_ROLLOUT_METHODS = ("opd", "opsd")
-
 
 def runs_on_grpo(config: RunConfig) -> bool:
-    """Whether this run's student rollouts and loss go through TRL's GRPO trainer (opd and opsd on
-    single-turn domains; the episode methods have their own loop)."""
-    from distill import registry
+    """Whether this run's student rollouts and loss go through TRL's GRPO trainer (the methods
+    whose entry says `trl_rollout`, on single-turn domains; the episode methods have their own loop)."""
+    entry = registry.method_entry(config.method.name)
+    return entry.trl_rollout and not registry.domain_entry(config.domain.name).episodic
 
-    return (
-        config.method.name in TRL_ROLLOUT_METHODS and not registry.domain_entry(config.domain.name).episodic
-    )
+
+def _grpo_methods() -> str:
+    return ", ".join(name for name, entry in registry.METHODS.items() if entry.trl_rollout)
 
 
 def served_teacher_reason(config: RunConfig) -> str | None:
     """Why this run cannot use a teacher behind a server (it needs the teacher's weights in-process)."""
-    from distill import registry
-
     method = config.method
     if registry.domain_entry(config.domain.name).episodic:
         return (
             f"the episode methods on {config.domain.name} score and continue turns with the teacher's "
             "weights in-process (use teacher.engine=hf)"
         )
-    if method.name == "opsd":
-        return "opsd's teacher is the student's own weights; it cannot be served (use teacher.engine=hf)"
+    if registry.method_entry(method.name).own_teacher:
+        return (
+            f"{method.name}'s teacher is the student's own weights; it cannot be served (use teacher.engine=hf)"
+        )
     if getattr(method, "loss", None) == "jsd":
         return (
             "method.loss=jsd needs the teacher's hidden states and full vocabulary head in-process; "
@@ -56,7 +55,7 @@ def vllm_rollout_reason(config: RunConfig, check_install: bool = True) -> str | 
         return None
     if not runs_on_grpo(config):
         return (
-            f"rollout.engine=vllm runs through TRL's GRPO trainer, which only {', '.join(TRL_ROLLOUT_METHODS)} "
+            f"rollout.engine=vllm runs through TRL's GRPO trainer, which only {_grpo_methods()} "
             f"use (not {config.method.name} on {config.domain.name}); use rollout.engine=hf"
         )
     if check_install and importlib.util.find_spec("vllm") is None:
@@ -69,13 +68,14 @@ def vllm_rollout_reason(config: RunConfig, check_install: bool = True) -> str | 
 
 def async_teacher_reason(config: RunConfig) -> str | None:
     """Why `rollout.async_teacher=true` cannot run this config (None: it can)."""
-    from distill import registry
-
     if not config.rollout.async_teacher:
         return None
-    if config.method.name != "opd" or registry.domain_entry(config.domain.name).episodic:
+    if not registry.method_entry(config.method.name).async_teacher or registry.domain_entry(
+        config.domain.name
+    ).episodic:
+        able = ", ".join(name for name, entry in registry.METHODS.items() if entry.async_teacher)
         return (
-            f"rollout.async_teacher: only opd on single-turn domains scores a separate teacher per step "
+            f"rollout.async_teacher: only {able} on single-turn domains scores a separate teacher per step "
             f"(not {config.method.name} on {config.domain.name}); drop it"
         )
     if config.optim.grad_accum != 1:

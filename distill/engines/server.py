@@ -175,9 +175,13 @@ class ServerEngine(ChatPrompts):
         completion_ids: Sequence[Sequence[int]],
         batch_size: int | None = None,
         top_k: int = 0,
+        states: bool = False,
     ) -> TokenScores:
         """Log-probability of each completion token given its prompt (with `top_k`, the teacher's
-        top-k there too, from the same request), right-padded [B, T] arrays."""
+        top-k there too, from the same request), right-padded [B, T] arrays. A server holds the
+        weights: no hidden states (`states`; engines/compat.py refuses such a config first)."""
+        if states:
+            raise ValueError("a served teacher returns no hidden states (use teacher.engine=hf)")
         import numpy as np
         import torch
 

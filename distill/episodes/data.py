@@ -15,11 +15,10 @@ observation; `meta["steps"]`, a list of {action, observation}; `meta["gold_score
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from distill.engines.base import Completion
-from distill.episodes.episode import Episode, frame_for
+from distill.episodes.episode import BridgedCompletion, Episode, frame_for
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -136,16 +135,6 @@ def retokenize(
         new.valid, new.score = turn.valid, turn.score
     out.score, out.done, out.error, out.moves = ep.score, ep.done, ep.error, ep.moves
     return out
-
-
-@dataclass(frozen=True)
-class BridgedCompletion(Completion):
-    """A turn written in another tokenizer family, in the episode's ids: how many tokens the
-    writer generated in its own tokenizer (what its budget counts), and whether the turn and the
-    context it was written from crossed the bridge losslessly."""
-
-    source_tokens: int = 0
-    seam_ok: bool = True
 
 
 class BridgedAgent:

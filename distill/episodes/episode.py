@@ -13,6 +13,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from distill.engines.base import Completion
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -69,6 +71,16 @@ def frame_for(tokenizer: PreTrainedTokenizerBase, enable_thinking: bool | None) 
 
 
 _uids = itertools.count()
+
+
+@dataclass(frozen=True)
+class BridgedCompletion(Completion):
+    """A turn written in another tokenizer family, in the episode's ids: how many tokens the
+    writer generated in its own tokenizer (what its budget counts), and whether the turn and the
+    context it was written from crossed the bridge losslessly."""
+
+    source_tokens: int = 0
+    seam_ok: bool = True
 
 
 @dataclass

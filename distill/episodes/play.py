@@ -13,8 +13,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from distill.episodes.data import BridgedCompletion
-from distill.episodes.episode import ChatFrame, Episode
+from distill.episodes.episode import BridgedCompletion, ChatFrame, Episode
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -24,46 +24,40 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from distill.methods import on_policy
+from distill.engines.worker import WorkerEngine
+from distill.methods.batch import Batches, Rollouts, Scorer
 
 if TYPE_CHECKING:
     from distill.engines.base import TokenScores
     from distill.methods.context import RunContext
-    from distill.methods.on_policy import Rollouts
 
-Generate = Callable[[list[dict[str, Any]]], tuple[dict[str, Any], float]]
+# This step's rollouts of `inputs` (GRPO's generation and bookkeeping), timed.
+Generate = Callable[[list[dict[str, Any]]], Rollouts]
+# The trainer's batch from a step's rollouts, the teacher's scores of them and the perf figures.
+Finish = Callable[[Rollouts, "TokenScores", dict[str, float]], dict[str, Any]]
 
 
-def _last_before_checkpoint(trainer: Any) -> bool:
-    """Whether this step is the run's last or ends in a checkpoint. Nothing is generated ahead
-    then: a run resumed from that checkpoint starts with nothing in flight, and so does the run
-    that was never stopped, so the two stay equal bit for bit (tests/e2e/test_kill_resume.py)."""
-    step, args = trainer.state.global_step + 1, trainer.args
-    if step >= trainer.state.max_steps:
-        return True
-    every = int(args.save_steps or 0) if args.save_strategy == "steps" else 0
-    return every > 0 and step % every == 0
+def teacher_scorer(ctx: RunContext) -> tuple[Scorer, WorkerEngine | None]:
+    """What scores the teacher's batches off the trainer's thread: a served teacher itself (the
+    thread waits on its socket), else a worker process holding its own copy of the teacher."""
+    if ctx.config.teacher.engine == "server":
+        return ctx.teacher, None
+    teacher = ctx.local_teacher()
+    worker = WorkerEngine(
+        str(teacher.model.name_or_path),
+        ctx.config.teacher.precision,
+        teacher.enable_thinking,
+        ctx.config.threads,
+        wait=False,  # it loads while the trainer is set up; the first score waits for it
+    )
+    return worker, worker
 
 
 class AsyncTeacher:
     """Keeps one batch in flight with the teacher; see the module docstring."""
 
     def __init__(self, ctx: RunContext) -> None:
-        self.ctx = ctx
-        self._worker: Any = None
-        if ctx.config.teacher.engine == "server":
-            self._scorer: Any = ctx.teacher  # HTTP: the thread below waits on the socket
-        else:
-            from distill.engines.worker import WorkerEngine
-
-            teacher = ctx.local_teacher()
-            self._worker = self._scorer = WorkerEngine(
-                str(teacher.model.name_or_path),
-                ctx.config.teacher.precision,
-                teacher.enable_thinking,
-                ctx.config.threads,
-                wait=False,  # it loads while the trainer is set up; the first score waits for it
-            )
+        self._scorer, self._worker = teacher_scorer(ctx)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="distill-teacher")
         self._ahead: tuple[Rollouts, Future[tuple[TokenScores, float]]] | None = None
         self._held: tuple[Any, Any] | None = None
@@ -80,18 +74,26 @@ class AsyncTeacher:
         self._next_inputs = samples[0] if samples else None
         return current
 
-    def step(self, trainer: Any, inputs: list[dict[str, Any]], generate: Generate) -> dict[str, Any]:
-        """The trainer's `_generate_and_score_completions` for this step's `inputs`."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None or ahead[0].inputs is not inputs:
-            if ahead is not None:
-                ahead[1].cancel()
-            ahead = self._launch(trainer, inputs, generate)
-        batch, future = ahead
+    def step(
+        self,
+        inputs: list[dict[str, Any]],
+        batches: Batches,
+        generate: Generate,
+        finish: Finish,
+        ahead: bool,
+    ) -> dict[str, Any]:
+        """The trainer's `_generate_and_score_completions` for this step's `inputs`; `ahead`:
+        whether the next step's rollouts may be generated now (not before a checkpoint)."""
+        current, self._ahead = self._ahead, None
+        if current is None or current[0].inputs is not inputs:
+            if current is not None:
+                current[1].cancel()
+            current = self._launch(inputs, batches, generate)
+        batch, future = current
         upcoming, self._next_inputs = self._next_inputs, None
-        if upcoming is not None and not _last_before_checkpoint(trainer):
+        if upcoming is not None and ahead:
             # The student generates batch i+1 while the teacher scores batch i.
-            self._ahead = self._launch(trainer, upcoming, generate)
+            self._ahead = self._launch(upcoming, batches, generate)
         start = time.perf_counter()
         teacher, teacher_time = future.result()
         wait = time.perf_counter() - start
@@ -100,18 +102,17 @@ class AsyncTeacher:
             "perf/teacher_wait_s": wait,
             "perf/overlap_s": max(teacher_time - wait, 0.0),
         }
-        return on_policy.with_teacher(trainer, batch, teacher, perf)
+        return finish(batch, teacher, perf)
 
     def _launch(
-        self, trainer: Any, inputs: list[dict[str, Any]], generate: Generate
+        self, inputs: list[dict[str, Any]], batches: Batches, generate: Generate
     ) -> tuple[Rollouts, Future[tuple[TokenScores, float]]]:
-        out, gen_time = generate(inputs)
-        batch = on_policy.rollouts(trainer, inputs, out, gen_time)
-        return batch, self._pool.submit(self._score, batch)
+        batch = generate(inputs)
+        return batch, self._pool.submit(self._score, batches, batch)
 
-    def _score(self, batch: Rollouts) -> tuple[TokenScores, float]:
+    def _score(self, batches: Batches, batch: Rollouts) -> tuple[TokenScores, float]:
         start = time.perf_counter()
-        scores = on_policy.score_teacher(self.ctx, self._scorer, batch)
+        scores = batches.score(self._scorer, batch)
         return scores, time.perf_counter() - start
 
     def close(self) -> None:

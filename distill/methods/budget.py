@@ -10,13 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from distill import registry
 from distill.config import ROSEMethod
+from distill.engines.context import BudgetCheck, check_budget
+from distill.methods.views import teacher_view
 
 if TYPE_CHECKING:
     from distill.config import RunConfig
     from distill.domains.base import Domain, Item
     from distill.engines.base import Engine
-    from distill.engines.context import BudgetCheck
     from distill.episodes.episode import Episode
 
 
@@ -66,10 +68,6 @@ def context_checks(config: RunConfig, domain: Domain, student: Engine, teacher: 
     """Every token budget of the run against the context of the model that spends it, on the
     longest prompts (engines/context.py): raises ContextError where a prompt leaves no room,
     returns the checks (their warnings say what is capped)."""
-    from distill import registry
-    from distill.engines.context import check_budget
-    from distill.methods.preflight import teacher_view
-
     if registry.domain_entry(domain.name).episodic:
         return []  # episodes grow turn by turn: the engines cap each turn at the room left
     train = _longest(domain.train_items())
@@ -98,7 +96,8 @@ def context_checks(config: RunConfig, domain: Domain, student: Engine, teacher: 
                 "teacher eval",
             )
         )
-    if cfg.method.name == "sft":
+    entry = registry.method_entry(cfg.method.name)
+    if entry.teacher == "writes":
         checks.append(
             check_budget(
                 "rollout.max_new_tokens",
@@ -115,7 +114,8 @@ def context_checks(config: RunConfig, domain: Domain, student: Engine, teacher: 
         )
     )
     view = teacher_view(config, domain)
-    if isinstance(cfg.method, ROSEMethod):
+    if entry.teacher == "continues":
+        assert isinstance(cfg.method, ROSEMethod), "the continuing teacher is ROSE's"
         # The teacher continues after the prompt and a prefix of up to the student's whole response.
         grown = [n + rollout for n in lengths(teacher, train)]
         checks.append(
@@ -129,8 +129,7 @@ def context_checks(config: RunConfig, domain: Domain, student: Engine, teacher: 
         )
     elif view is not None:
         # The teacher scores the student's whole response after its own view of the problem.
-        prompt_for, _ = view
-        scored = [len(prompt_for(teacher, item)) for item in train]
+        scored = [len(view.prompt_for(teacher, item)) for item in train]
         checks.append(
             check_budget("rollout.max_new_tokens", rollout, teacher.context, scored, "teacher scoring")
         )

@@ -106,7 +106,7 @@ class DistillCallback(TrainerCallback):
         # Every rank writes its part (its RNG state, its shards) before rank 0 commits the folder.
         barrier()
         src = Path(str(args.output_dir)) / f"checkpoint-{state.global_step}"
-        dst = Path(str(args.output_dir)) / f"step-{state.global_step}"
+        dst = self.ctx.run.checkpoint(state.global_step)
         if src.is_dir() and state.is_world_process_zero:
             tracker = self.ctx.log.tracker
             # MLflow level with metrics.jsonl before the commit point, not after it: a kill between

@@ -7,13 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from distill.engines.hf import HFEngine
+from distill.tracking.rundir import RunDir, step_of
+
 if TYPE_CHECKING:
     from distill.config import RunConfig
     from distill.domains.base import Domain, Item
     from distill.engines.base import Engine
-    from distill.engines.hf import HFEngine
     from distill.evals.single_turn import EvalResult
-    from distill.tracking.rundir import RunDir
     from distill.tracking.steplog import StepRecord
 
 
@@ -55,8 +56,6 @@ class RunContext:
     def local_teacher(self) -> HFEngine:
         """The teacher's in-process engine, for the paths that need its weights (compat.py refuses
         a served teacher for them at config time)."""
-        from distill.engines.hf import HFEngine
-
         if not isinstance(self.teacher, HFEngine):
             raise ValueError(f"{self.config.method.name}: this path needs the teacher's weights in-process")
         return self.teacher
@@ -67,12 +66,10 @@ def train_or_take_final(ctx: RunContext, train: Callable[[RunContext], None]) ->
     final eval), take that checkpoint's weights: transformers' Trainer resumed at `max_steps`
     would still run one more step before it checks the limit."""
     done = ctx.resume_from
-    if done is None or int(done.name[5:]) < ctx.config.optim.max_steps:
+    if done is None or (step_of(done) or 0) < ctx.config.optim.max_steps:
         train(ctx)
         return ctx.student
     import torch
-
-    from distill.engines.hf import HFEngine
 
     ctx.say(f"training: all {ctx.config.optim.max_steps} steps are in {done.name}; the final eval follows")
     spec = ctx.config.student

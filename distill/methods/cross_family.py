@@ -48,19 +48,36 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from distill.kernels.heads import head_gather, head_gather_topk, scatter_positions
+from distill import registry
+from distill.config import OnPolicyKL, OPDMethod
 from distill.kernels import losses
-from distill.methods.on_policy import advantages
+from distill.kernels.heads import head_gather, head_gather_topk, scatter_positions
+from distill.methods.scoring import Figures, advantages, clipped
+from distill.tokenizer_bridge.align import alignment_metrics, group_index, group_sums_torch
+from distill.tokenizer_bridge.boundary import prefix_correction, prefix_index
+from distill.tokenizer_bridge.bridge import TokenizerBridge, same_tokenizer
+from distill.tokenizer_bridge.granularity import align_sample
+from distill.tokenizer_bridge.projection import Projection
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from distill.config import OnPolicyKL, OPDMethod
-    from distill.engines.base import TokenScores
+    from distill.config import RunConfig
+    from distill.engines.base import Engine, TokenScores
     from distill.tokenizer_bridge.granularity import AlignedSample
 
 # The batch keys of the cross-family path (besides teacher_logps / teacher_topk_*).
 KEYS = ("xf_group", "xf_weight", "xf_last", "xf_single")
+
+
+def crosses(config: RunConfig, student: Engine, teacher: Engine) -> bool:
+    """Whether this run scores the student's tokens through the byte-aligned path: a method
+    whose separate teacher scores them (registry.py), and tokenizers that differ, or
+    `method.cross_family=always`."""
+    if not registry.method_entry(config.method.name).cross_family_scoring:
+        return False
+    forced = isinstance(config.method, OPDMethod) and config.method.cross_family == "always"
+    return forced or not same_tokenizer(student.tokenizer, teacher.tokenizer)
 
 
 def refusal(method: OnPolicyKL, student: str, teacher: str) -> str | None:
@@ -93,10 +110,6 @@ class CrossFamily:
     def __init__(
         self, student: PreTrainedTokenizerBase, teacher: PreTrainedTokenizerBase, method: OPDMethod
     ) -> None:
-        from distill.tokenizer_bridge.boundary import prefix_index
-        from distill.tokenizer_bridge.bridge import TokenizerBridge
-        from distill.tokenizer_bridge.projection import Projection
-
         self.bridge = TokenizerBridge(student, teacher)
         self.mode = method.group_advantage
         # What a boundary means on each side (tokenizer_bridge/boundary.py), built once per pair.
@@ -107,8 +120,6 @@ class CrossFamily:
             self.projection = Projection(student, teacher)
 
     def align(self, completion_rows: list[list[int]]) -> list[AlignedSample]:
-        from distill.tokenizer_bridge.granularity import align_sample
-
         return [align_sample(self.bridge, row) for row in completion_rows]
 
     def targets(
@@ -158,8 +169,6 @@ class CrossFamily:
         """Per teacher position, what to add to its logprob so that each group scores the
         byte-level conditional (boundary.py): c(last) at a group's last teacher token where the
         two sides' last tokens differ in what could extend them, minus the previous such group's."""
-        from distill.tokenizer_bridge.boundary import prefix_correction
-
         out_B_Tt = torch.zeros_like(logps_B_Tt)
         if topk is None:  # scored without top-k: the plain group sums
             return out_B_Tt
@@ -293,8 +302,6 @@ def _place_row(
     clean: list[bool],
 ) -> list[tuple[int, int, int]]:
     """One row's groups onto the student grid; returns its one-token-a-side groups."""
-    from distill.tokenizer_bridge.align import group_index, group_sums_torch
-
     groups = sample.groups
     if sample.kept > n:
         raise ValueError(f"cross-family: sample {b} aligns {sample.kept} student tokens but has {n}")
@@ -320,8 +327,6 @@ def _place_row(
 
 
 def _metrics(samples: list[AlignedSample], weight_B_T: torch.Tensor, lengths: list[int]) -> dict[str, float]:
-    from distill.tokenizer_bridge.align import alignment_metrics
-
     groups = [g for s in samples if s.ok for g in s.groups]
     return {
         **alignment_metrics(groups),
@@ -379,9 +384,9 @@ def group_view(inputs: dict[str, Any], mask_B_T: torch.Tensor) -> GroupView:
 
 def group_advantages(
     method: OnPolicyKL, mode: str, inputs: dict[str, Any], student_B_T: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """token_reward_direct: (advantages [B, T], per-token reverse KL of the supervised tokens
-    (a group's gap shared by its tokens), the advantages' sum) from the loss forward's logprobs."""
+) -> tuple[torch.Tensor, Figures]:
+    """token_reward_direct: the advantages [B, T] from the loss forward's logprobs, and the
+    figures of the supervised tokens (a group's gap shared by its tokens)."""
     mask = inputs["completion_mask"].bool()
     view = group_view(inputs, mask)
     gap_N = (view.teacher_N - view.student(student_B_T[mask].detach(), "spread")) * view.weight_N
@@ -389,7 +394,8 @@ def group_advantages(
     if mode == "last":
         adv_N = adv_N * view.last_N
     on = view.weight_N > 0
-    return scatter_positions(adv_N, mask), -(gap_N / view.size_N)[on], adv_N[on].sum()
+    clip_N = clipped(method, gap_N[on])
+    return scatter_positions(adv_N, mask), Figures(-(gap_N / view.size_N)[on], adv_N[on].sum(), clip_N)
 
 
 def mapped_topk_forward_kl(
@@ -415,14 +421,14 @@ def group_divergence(
     head: tuple[torch.Tensor, torch.Tensor | None],
     hidden_N_H: torch.Tensor,
     inputs: dict[str, Any],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float | None]:
-    """k1 / k3 / forward_kl_topk on the groups: (loss, reverse KL of the supervised tokens, the
-    advantages' sum, top-k overlap or None), through the chunked head (no [N, V] tensor)."""
+) -> tuple[torch.Tensor, Figures]:
+    """k1 / k3 / forward_kl_topk on the groups: the loss and the figures of the supervised tokens,
+    through the chunked head (no [N, V] tensor)."""
     mask = inputs["completion_mask"].bool()
     view = group_view(inputs, mask)
     sampled_N = inputs["completion_ids"][mask]
     weight, bias = head
-    overlap = None
+    topk: dict[str, Any] = {}
     if method.loss == "forward_kl_topk":
         teacher_ids_N_K = inputs["teacher_topk_ids"][mask]
         mapped_N_K = teacher_ids_N_K >= 0
@@ -440,7 +446,13 @@ def group_divergence(
         group_N = losses.direct_kl_per_token("k3", view.student(logp_S_N, mode), view.teacher_N)
         per_N = torch.where(view.single_N, topk_N, group_N * view.last_N) * view.weight_N
         one = view.single_N & (view.weight_N > 0)
-        overlap = losses.topk_overlap(student_ids_N_K[one], teacher_ids_N_K[one])
+        with torch.no_grad():
+            mapped_one = mapped_N_K[one].to(gathered.dtype)
+            topk = {
+                "topk_overlap": losses.topk_overlap(student_ids_N_K[one], teacher_ids_N_K[one]),
+                "student_topk_mass_N": ((gathered[one, 1:] - lse_N[one, None]).exp() * mapped_one).sum(-1),
+                "teacher_topk_mass_N": (inputs["teacher_topk_logps"][mask][one].exp() * mapped_one).sum(-1),
+            }
     else:
         gathered, lse_N = head_gather(hidden_N_H, weight, bias, sampled_N[:, None])
         logp_S_N = gathered[:, 0] - lse_N
@@ -450,4 +462,5 @@ def group_divergence(
     gap_N = (view.teacher_N - view.student(logp_S_N.detach(), "spread")) * view.weight_N
     adv_N = advantages(method, gap_N) * view.weight_N * (view.last_N if mode == "last" else 1.0)
     on = view.weight_N > 0
-    return loss, -(gap_N / view.size_N)[on], adv_N[on].sum(), overlap
+    figures = Figures(-(gap_N / view.size_N)[on], adv_N[on].sum(), clipped(method, gap_N[on]), **topk)
+    return loss, figures

@@ -30,7 +30,10 @@ import random
 import time
 from typing import TYPE_CHECKING, Any, cast
 
+import torch
+
 from distill.config import OnPolicyKL, OPDMethod, OPSDMethod, ROSEMethod
+from distill.engines.base import right_pad
 from distill.episodes.data import (
     BridgedAgent,
     episode_example,
@@ -41,13 +44,18 @@ from distill.episodes.data import (
 from distill.episodes.episode import frame_for
 from distill.episodes.play import EngineAgent, Policy, handover, play, single
 from distill.episodes.protocol import as_episodic
+from distill.kernels import losses
+from distill.kernels.heads import head_gather, head_gather_topk, output_head, select_positions
+from distill.kernels.states import decoder_states
 from distill.methods.budget import teacher_turns
 from distill.methods.callbacks import DistillCallback
 from distill.methods.online import CECallback, OnlineTrainer, run_online
+from distill.methods.privileged import setup_teacher
+from distill.methods.scoring import kl_stats
+from distill.methods.views import teacher_message
+from distill.tokenizer_bridge.bridge import TokenizerBridge
 
 if TYPE_CHECKING:
-    import torch
-
     from distill.domains.base import Item
     from distill.engines.base import TokenScores
     from distill.engines.hf import HFEngine
@@ -83,8 +91,6 @@ def student_turns_for(method: ROSEMethod, rng: random.Random, count: int) -> Any
 
 def play_batch(ctx: RunContext, engine: HFEngine, items: list[Any], rng: random.Random) -> list[Episode]:
     """This step's episodes: the live student alone (OPD), or handing over to the teacher (ROSE)."""
-    from distill.tokenizer_bridge.bridge import TokenizerBridge
-
     cfg = ctx.config
     domain = as_episodic(ctx.domain)
     student = EngineAgent(
@@ -118,8 +124,6 @@ def seeded_play(ctx: RunContext, engine: HFEngine, items: list[Any], seed: int) 
     """`play_batch` with every draw seeded by `seed`: the N per episode (Python) and the
     student's and teacher's sampled tokens (torch's generator, forked so the training step's own
     stream, e.g. dropout, is left as it was)."""
-    import torch
-
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
@@ -133,14 +137,6 @@ def opd_loss(
     (sampled-token advantages, on-policy so the ratio is 1) or forward_kl_topk. The teacher scores
     the same ids (an engine call: a served teacher works too); the student's head is applied per
     chunk of its turn positions (kernels/heads.py)."""
-    import torch
-
-    from distill.engines.base import right_pad
-    from distill.kernels.heads import head_gather, head_gather_topk, output_head, select_positions
-    from distill.kernels.states import decoder_states
-    from distill.kernels import losses
-    from distill.methods.scoring import kl_stats
-
     rows = [ep for ep in episodes if not ep.failed and any(ep.mask({"student"}))]
     if not rows:
         raise ValueError(f"{ctx.config.method.name}: no episode of this step has a student turn to train on")
@@ -169,11 +165,21 @@ def opd_loss(
     if top_k:
         logq_N_K = gathered_N_K[:, 1:] - lse_N[:, None]
         kl_N = losses.topk_forward_kl_per_token(logq_N_K, teacher_logps_N_K, method.topk_tail)
-        overlap = losses.topk_overlap(student_ids_N_K, teacher_ids_N_K)
-        return kl_N.mean(), {**kl_stats(-gap_N), "kl/topk_overlap": overlap}
+        with torch.no_grad():
+            figures = {
+                "kl/topk_overlap": losses.topk_overlap(student_ids_N_K, teacher_ids_N_K),
+                "kl/student_topk_mass": float(logq_N_K.exp().sum(-1).mean()) if len(logq_N_K) else 0.0,
+                "kl/teacher_topk_mass": float(teacher_logps_N_K.exp().sum(-1).mean())
+                if len(teacher_logps_N_K)
+                else 0.0,
+            }
+        return kl_N.mean(), {**kl_stats(-gap_N), **figures}
     adv_N = coef * gap_N if clip is None else (coef * gap_N).clamp(-clip, clip)
     loss = -(adv_N * logp_S_N).sum() / max(logp_S_N.numel(), 1)
-    return loss, kl_stats(-gap_N, coef * gap_N.mean())
+    stats = kl_stats(-gap_N, coef * gap_N.mean())
+    if clip is not None:
+        stats["kl/clip_share"] = float(((coef * gap_N).abs() > clip).float().mean()) if len(gap_N) else 0.0
+    return loss, stats
 
 
 def _teacher_scores(ctx: RunContext, rows: list[Episode], top_k: int) -> TokenScores:
@@ -183,8 +189,6 @@ def _teacher_scores(ctx: RunContext, rows: list[Episode], top_k: int) -> TokenSc
     task's privileged context (SciWorld: the gold plan), every later token the same."""
     if not isinstance(ctx.config.method, OPSDMethod):
         return ctx.teacher.score([ep.ids[:1] for ep in rows], [ep.ids[1:] for ep in rows], top_k=top_k)
-    from distill.methods.opsd import teacher_message
-
     method, domain = ctx.config.method, ctx.domain
     # The episodes were played from the run's training items (Items behind the Task protocol).
     items = [cast("Item", ep.item) for ep in rows]
@@ -294,8 +298,6 @@ class EpisodeTrainer(OnlineTrainer):
             domain = as_episodic(self.distill_ctx.domain)
             ok = [ep for ep in ok if _verified(ep, domain)]
             if not ok:  # no gradient this micro-step: the optimizer step leaves the weights as they are
-                import torch
-
                 return torch.zeros((), device=model.device)
         return self.ce_step(model, [episode_example(ep, ["teacher"]) for ep in ok])
 
@@ -310,8 +312,6 @@ def train(ctx: RunContext) -> None:
     """Train the student online on episodes: ROSE, OPD or OPSD, by the run's method."""
     cfg = ctx.config
     if isinstance(cfg.method, OPSDMethod):
-        from distill.methods.opsd import setup_teacher
-
         ctx.callbacks = [*ctx.callbacks, *setup_teacher(ctx)]  # the EMA teacher's, if any
     elif isinstance(cfg.method, OPDMethod) and not same_tokenizer(ctx):
         raise ValueError(

@@ -11,20 +11,20 @@ gradient over one rollout, which a teacher's continuation cannot be spliced into
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import PreTrainedModel, Trainer, TrainingArguments
 
+from distill.engines.hf import HFEngine
 from distill.kernels.states import ce_loss
 from distill.methods.callbacks import DistillCallback, quiet, trainer_common_args
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, TrainerControl, TrainerState
+    from transformers import TrainerControl, TrainerState
 
     from distill.domains.base import Item
-    from distill.engines.hf import HFEngine
     from distill.methods.context import RunContext
 
 IGNORE = -100
@@ -49,15 +49,16 @@ class CECallback(DistillCallback):
 class OnlineTrainer(Trainer):
     """A Trainer whose batch of item indices is turned into rollouts inside each step."""
 
-    distill_ctx: RunContext
-    _engine: HFEngine | None = None
-    _acc_step = -1
-    _micro = 0
+    def __init__(self, ctx: RunContext, **kwargs: Any) -> None:
+        self.distill_ctx = ctx
+        self._engine: HFEngine | None = None
+        # The optimizer step the micro-batches being counted belong to, and how many so far.
+        self._acc_step = -1
+        self._micro = 0
+        super().__init__(**kwargs)
 
     def live_engine(self) -> HFEngine:
         """The live student (unwrapped) as an engine: this step's rollouts use the current weights."""
-        from distill.engines.hf import HFEngine
-
         if self._engine is None:
             student = self.distill_ctx.student
             self._engine = HFEngine(live_model(self), student.tokenizer, student.enable_thinking)
@@ -100,8 +101,6 @@ class OnlineTrainer(Trainer):
 
 def live_model(trainer: Trainer) -> PreTrainedModel:
     """The trainer's model (unwrapped, a transformers model: distill trains no other kind)."""
-    from transformers import PreTrainedModel
-
     model = trainer.model
     if not isinstance(model, PreTrainedModel):
         raise TypeError(f"the trainer holds a {type(model).__name__}, not a transformers model")
@@ -129,10 +128,11 @@ def _indices(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_online(
-    ctx: RunContext, trainer_class: type[OnlineTrainer], callback: DistillCallback, **attrs: Any
+    ctx: RunContext, trainer_class: Callable[..., OnlineTrainer], callback: DistillCallback
 ) -> None:
-    """Train `trainer_class` over the domain's training items, `rollout.prompts_per_step` a step;
-    `attrs` are set on the trainer before it starts (e.g. ROSE's tokenizer bridge)."""
+    """Train a `trainer_class(ctx, **trainer_kwargs)` over the domain's training items,
+    `rollout.prompts_per_step` a step (`functools.partial` binds a trainer's own arguments, e.g.
+    ROSE's tokenizer bridge)."""
     from datasets import Dataset
 
     ctx.items = ctx.domain.train_items()
@@ -140,6 +140,7 @@ def run_online(
         **trainer_common_args(ctx), per_device_train_batch_size=ctx.config.rollout.prompts_per_step
     )
     trainer = trainer_class(
+        ctx,
         model=ctx.student.model,
         args=args,
         train_dataset=Dataset.from_list([{"item_index": i} for i in range(len(ctx.items))]),
@@ -147,8 +148,5 @@ def run_online(
         processing_class=ctx.student.tokenizer,
         callbacks=[callback, *ctx.callbacks],
     )
-    trainer.distill_ctx = ctx
-    for name, value in attrs.items():
-        setattr(trainer, name, value)
     quiet(trainer).train(resume_from_checkpoint=str(ctx.resume_from) if ctx.resume_from else None)
     ctx.student.model = live_model(trainer)

@@ -3,112 +3,21 @@
 The student sees only the problem; the teacher is the same model with a privileged reference
 solution in its prompt (`method.teacher_template`, default the reference document's). The teacher's
 weights are the frozen step-0 copy (`base`, the reference setting), the live student (`live`),
-or an exponential moving average of the student (`ema`). Everything else - sampling, scoring,
-the loss family, strict lengths, masks, logging - is OPD's core (opd.py).
+or an exponential moving average of the student (`ema`) (privileged.py). Everything else -
+sampling, scoring, the loss family, strict lengths, masks, logging - is OPD's core (on_policy.py).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import torch
-from transformers import TrainerCallback
-
 from distill.config import OPSDMethod
-from distill.methods.opd import train_on_policy
-
-if TYPE_CHECKING:
-    from distill.domains.base import Domain, Item
-    from distill.engines.base import Engine
-    from distill.methods.context import RunContext
-
-
-def teacher_message(method: OPSDMethod, domain: Domain, item: Item, problem: str | None = None) -> str:
-    """The teacher's user message: `method.teacher_template` around the student's (`problem`,
-    default the item's prompt; an episode's first user message) and the privileged context."""
-    try:
-        return method.teacher_template.format(
-            problem=(item.prompt if problem is None else problem).strip(),
-            solution=domain.privileged_context(item).strip(),
-        )
-    except (KeyError, IndexError) as exc:
-        raise ValueError(
-            f"method.teacher_template: unknown placeholder {exc}; use {{problem}} and {{solution}}"
-        ) from None
-
-
-# The EMA teacher's weights inside a checkpoint folder: state the Trainer does not save itself.
-EMA_FILE = "ema_teacher.safetensors"
-
-
-class EMATeacher(TrainerCallback):
-    """After every optimizer step: teacher <- decay * teacher + (1 - decay) * student. The teacher
-    is saved with every checkpoint and restored on resume (`restore`): without it a resumed run
-    would average from the step-0 weights again and train against another teacher."""
-
-    def __init__(self, teacher: torch.nn.Module, student: torch.nn.Module, decay: float) -> None:
-        self.teacher, self.student, self.decay = teacher, student, decay
-
-    @torch.no_grad()
-    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        for t, s in zip(self.teacher.parameters(), self.student.parameters(), strict=True):
-            t.mul_(self.decay).add_(s.detach().to(t.dtype), alpha=1 - self.decay)
-        if control.should_save and state.is_world_process_zero:
-            # Into the `checkpoint-N` folder the Trainer writes this step's checkpoint to, before
-            # it does: DistillCallback renames it to `step-N` (the commit point) only once the
-            # Trainer is done, so no `step-N` ever lacks its teacher. (`on_save` would be too late:
-            # it runs after DistillCallback's, which comes first in the trainer's callbacks.)
-            from safetensors.torch import save_model
-
-            folder = Path(str(args.output_dir)) / f"checkpoint-{state.global_step}"
-            folder.mkdir(parents=True, exist_ok=True)
-            save_model(self.teacher, str(folder / EMA_FILE))
-
-    def restore(self, checkpoint: Path) -> None:
-        """The teacher as it was when `checkpoint` was written (bit for bit)."""
-        from safetensors.torch import load_model
-
-        path = checkpoint / EMA_FILE
-        if not path.exists():
-            raise ValueError(
-                f"{checkpoint} has no {EMA_FILE}: it was written before distill saved the EMA teacher, "
-                "so resuming would restart the teacher from the step-0 weights; start a new run"
-            )
-        device = next(self.teacher.parameters()).device
-        load_model(self.teacher, path, device=str(device))
-
-
-def setup_teacher(ctx: RunContext) -> list[Any]:
-    """ctx.teacher as `method.teacher_weights` says; returns the callbacks that keep it (EMA)."""
-    cfg = ctx.config
-    method = ctx.method_as(OPSDMethod)
-    callbacks: list[Any] = []
-    if method.teacher_weights == "live":
-        # The student being trained scores with the privileged prompt (no gradient through it).
-        ctx.teacher = ctx.student
-    else:
-        # ctx.teacher was loaded from the student's own path: it is the step-0 weights.
-        teacher = ctx.local_teacher()
-        teacher.model.eval()
-        teacher.model.requires_grad_(False)
-        if method.teacher_weights == "ema":
-            if cfg.lora.enabled:
-                raise ValueError(
-                    "method.teacher_weights=ema averages full weights; it cannot be combined with lora"
-                )
-            ema = EMATeacher(teacher.model, ctx.student.model, method.ema_decay)
-            if ctx.resume_from is not None:
-                ema.restore(ctx.resume_from)
-            callbacks.append(ema)
-    return callbacks
+from distill.methods.batch import TeacherSide
+from distill.methods.context import RunContext
+from distill.methods.on_policy import train_on_policy
+from distill.methods.privileged import setup_teacher
+from distill.methods.views import privileged_prompt
 
 
 def train(ctx: RunContext) -> None:
-    method = ctx.method_as(OPSDMethod)
     callbacks = setup_teacher(ctx)
-
-    def privileged_prompt(engine: Engine, item: Item) -> list[int]:
-        return engine.prompt_ids(teacher_message(method, ctx.domain, item))
-
-    train_on_policy(ctx, privileged_prompt, callbacks)
+    prompt_for = privileged_prompt(ctx.method_as(OPSDMethod), ctx.domain)
+    train_on_policy(ctx, TeacherSide(ctx.teacher, prompt_for), callbacks)

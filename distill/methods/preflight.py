@@ -18,14 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from distill.methods.cross_family import crosses
+from distill.methods.views import PromptFor, teacher_view, trainer_prompt_ids
+from distill.tokenizer_bridge.align import aligned_share
+from distill.tokenizer_bridge.bridge import TokenizerBridge
+from distill.tokenizer_bridge.granularity import align_sample, group_table
+
 if TYPE_CHECKING:
     from distill.config import RunConfig
-    from distill.domains.base import Item
+    from distill.domains.base import Domain, Item
     from distill.engines.base import Engine
     from distill.tracking.rundir import RunDir
 
-# How a teacher engine sees an item: the ids of its prompt.
-PromptFor = Callable[["Engine", "Item"], list[int]]
 SELF_SCORE_TOLERANCE = 1e-4
 SHOWN_TOKENS = 24
 
@@ -111,22 +115,6 @@ def prompt_table(student: Engine, student_ids: list[int], teacher: Engine, teach
         (f"student prompt ({len(student_ids)} tokens)", left[start : start + SHOWN_TOKENS]),
         (f"teacher prompt ({len(teacher_ids)} tokens)", right[start : start + SHOWN_TOKENS]),
     )
-
-
-def trainer_prompt_ids(engine: Engine, prompt: str) -> list[int]:
-    """The prompt ids an on-policy trainer rolls out from (conversational prompt, as TRL tokenizes it)."""
-    kwargs: dict[str, Any] = (
-        {} if engine.enable_thinking is None else {"enable_thinking": engine.enable_thinking}
-    )
-    tokenizer: Any = engine.tokenizer
-    out = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}],
-        add_generation_prompt=True,
-        tokenize=True,
-        return_dict=True,
-        **kwargs,
-    )
-    return list(out["input_ids"])
 
 
 def check_thinking(config: RunConfig, student: Engine, teacher: Engine, item: Item) -> None:
@@ -281,19 +269,20 @@ def _check_self_score(student: Engine, items: Sequence[Item], max_new_tokens: in
 
 
 def preflight_report(
-    config: RunConfig, domain: Any, student: Engine, teacher: Engine, run: RunDir | None = None
+    config: RunConfig, domain: Domain, student: Engine, teacher: Engine, run: RunDir | None = None
 ) -> PreflightReport | None:
     """The pre-training checks of a run's method (None: nothing to check). `run` keeps the report,
     passed or failed, as `preflight.json` (diagnose's `preflight_failed` reads it)."""
     view = teacher_view(config, domain)
     if not config.preflight or view is None:
         return None
-    prompt_for, same_template = view
     items = domain.train_items()[:2]
     # Cross-family OPD renders the teacher's own template by design (methods/cross_family.py).
-    cross = config.method.name == "opd" and crosses(config, student, teacher)
+    cross = crosses(config, student, teacher)
     try:
-        report = run_preflight(config, student, teacher, items, prompt_for, same_template and not cross)
+        report = run_preflight(
+            config, student, teacher, items, view.prompt_for, view.same_template and not cross
+        )
         if cross:
             report.run("aligned groups", lambda: aligned_groups(student, teacher, items[0]))
     except PreflightError as exc:
@@ -305,21 +294,9 @@ def preflight_report(
     return report
 
 
-def crosses(config: RunConfig, student: Engine, teacher: Engine) -> bool:
-    """Whether OPD takes the cross-family path for this pair (opd.train decides the same way)."""
-    from distill.tokenizer_bridge.bridge import same_tokenizer
-
-    method: Any = config.method
-    return method.cross_family == "always" or not same_tokenizer(student.tokenizer, teacher.tokenizer)
-
-
 def aligned_groups(student: Engine, teacher: Engine, item: Item, max_new_tokens: int = 24) -> str:
     """One real greedy sample of the student, cut into byte groups against the teacher's tokens,
     side by side (`*`: a group of more than one token on a side, where the signal is per group)."""
-    from distill.tokenizer_bridge.align import aligned_share
-    from distill.tokenizer_bridge.bridge import TokenizerBridge
-    from distill.tokenizer_bridge.granularity import align_sample, group_table
-
     prompt = trainer_prompt_ids(student, item.prompt)
     ids = student.generate([prompt], max_new_tokens, temperature=0.0)[0].ids
     sample = align_sample(TokenizerBridge(student.tokenizer, teacher.tokenizer), ids)
@@ -332,22 +309,3 @@ def aligned_groups(student: Engine, teacher: Engine, item: Item, max_new_tokens:
 
 def cfg_names(config: RunConfig) -> str:
     return f"student {config.student.name}, teacher {config.teacher.name}"
-
-
-def teacher_view(config: RunConfig, domain: Any) -> tuple[PromptFor, bool] | None:
-    """How the method's teacher sees an item, and whether it must share the student's template.
-
-    None for methods without a teacher scoring or continuing the student's own tokens.
-    """
-    name = config.method.name
-    if name == "opd":
-        return (lambda engine, item: engine.prompt_ids(item.prompt)), True
-    if name == "opsd":
-        from distill.methods.opsd import teacher_message
-
-        method: Any = config.method
-        return (lambda engine, item: engine.prompt_ids(teacher_message(method, domain, item))), True
-    if name == "rose":
-        # Cross-family pairs render different templates by design; thinking mode must still agree.
-        return (lambda engine, item: engine.prompt_ids(item.prompt)), False
-    return None

@@ -19,20 +19,22 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from distill.config import ROSEMethod
 from distill.methods.budget import student_completions, supervised_share, teacher_budget
 from distill.methods.context import RunContext
 from distill.methods.online import IGNORE, CECallback, OnlineTrainer, run_online
+from distill.tokenizer_bridge import thinking
+from distill.tokenizer_bridge.bridge import TokenizerBridge, clean_cut, readable, trim_partial
+from distill.tokenizer_bridge.seam import check_pair
 
 if TYPE_CHECKING:
     import torch
 
     from distill.domains.base import Item
     from distill.engines.hf import HFEngine
-    from distill.tokenizer_bridge.bridge import TokenizerBridge
-
 
 @dataclass
 class Rollout:
@@ -76,8 +78,6 @@ def student_rollouts(
     ctx: RunContext, engine: HFEngine, bridge: TokenizerBridge, items: list[Item], rng: random.Random
 ) -> list[Rollout]:
     """The live student's full responses (for coverage and K-by-fraction), each cut at its K."""
-    from distill.tokenizer_bridge.bridge import clean_cut, readable
-
     cfg = ctx.config
     method = ctx.method_as(ROSEMethod)
     prompts = [ctx.student.prompt_ids(item.prompt) for item in items]
@@ -113,9 +113,6 @@ def student_rollouts(
 
 def teacher_continuations(ctx: RunContext, bridge: TokenizerBridge, rollouts: list[Rollout]) -> None:
     """The teacher continues each prefix in the same assistant turn for at most t tokens."""
-    from distill.tokenizer_bridge import thinking
-    from distill.tokenizer_bridge.bridge import readable, trim_partial
-
     method = ctx.method_as(ROSEMethod)
     teacher = ctx.teacher
     rows: list[list[int]] = []
@@ -215,9 +212,12 @@ class ROSETrainer(OnlineTrainer):
     """Each micro-batch: the live student's rollouts, cut and continued by the teacher; CE on
     the teacher's tokens."""
 
-    bridge: TokenizerBridge
-    _acc: list[Rollout]
-    _times: dict[str, float]
+    def __init__(self, ctx: RunContext, bridge: TokenizerBridge, **kwargs: Any) -> None:
+        self.bridge = bridge
+        # The optimizer step's rollouts and seconds so far (over its micro-batches).
+        self._acc: list[Rollout] = []
+        self._times: dict[str, float] = {}
+        super().__init__(ctx, **kwargs)
 
     def training_step(
         self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None
@@ -270,8 +270,6 @@ def _accuracy(ctx: RunContext, rollouts: list[Rollout]) -> float:
 
 def preflight_bridge(ctx: RunContext, bridge: TokenizerBridge) -> None:
     """Cross-family: the seam must be lossless on the domain's own texts before step 1."""
-    from distill.tokenizer_bridge.seam import check_pair
-
     texts = [t for item in ctx.domain.train_items()[:8] for t in (item.prompt, item.solution or "") if t]
     report = check_pair(bridge.student, bridge.teacher, texts, cuts=8)
     if not report.ok:
@@ -292,4 +290,4 @@ def train(ctx: RunContext) -> None:
     bridge = TokenizerBridge(ctx.student.tokenizer, ctx.teacher.tokenizer)
     if not bridge.same:
         preflight_bridge(ctx, bridge)
-    run_online(ctx, ROSETrainer, CECallback(ctx), bridge=bridge)
+    run_online(ctx, partial(ROSETrainer, bridge=bridge), CECallback(ctx))

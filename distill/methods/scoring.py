@@ -1,5 +1,5 @@
 """The scoring core every on-policy method shares: the trainer's batch layout, strict lengths,
-advantages.
+advantages and the step's `kl/` figures.
 
 Everything stays a tensor on the model's device: the teacher's and the student's per-token
 logprobs arrive as right-padded [B, T] `TokenScores` (the trainer's completion layout), and the
@@ -9,8 +9,12 @@ student's own logprobs in a loss come from hidden states through the chunked hea
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 
+from distill.config import OnPolicyKL
 from distill.engines.base import TokenScores
 
 
@@ -66,3 +70,86 @@ def kl_stats(
     if advantage_mean is not None:
         stats["kl/advantage_mean"] = float(advantage_mean)
     return stats
+
+
+def advantages(method: OnPolicyKL, gap: torch.Tensor) -> torch.Tensor:
+    """A = coef * (logp_T - logp_S), clamped to +-advantage_clip when set (never normalised)."""
+    adv = method.coef * gap
+    return adv if method.advantage_clip is None else adv.clamp(-method.advantage_clip, method.advantage_clip)
+
+
+def clipped(method: OnPolicyKL, gap_N: torch.Tensor) -> torch.Tensor | None:
+    """1 where the advantage clamp binds (|coef * gap| above advantage_clip), per token; None
+    without a clamp."""
+    if method.advantage_clip is None:
+        return None
+    return ((method.coef * gap_N).abs() > method.advantage_clip).float()
+
+
+@dataclass
+class Figures:
+    """What one micro-batch's loss says about the signal, per supervised token: the reverse-KL
+    estimate (logp_S - logp_T), the advantages' sum, where the clamp bound, and for a top-k loss
+    the student's and the teacher's probability mass on the teacher's top-k ids and the share of
+    the teacher's top-k in the student's."""
+
+    reverse_kl_N: torch.Tensor
+    advantage_sum: torch.Tensor | None = None
+    clipped_N: torch.Tensor | None = None
+    student_topk_mass_N: torch.Tensor | None = None
+    teacher_topk_mass_N: torch.Tensor | None = None
+    topk_overlap: float | None = None
+
+
+class KLMeter:
+    """The step's `kl/` figures over all its micro-batches (a step may accumulate several)."""
+
+    def __init__(self) -> None:
+        self.step = -1
+        self.n = 0
+        self.total = self.squares = self.advantage = 0.0
+        self._means: dict[str, tuple[float, int]] = {}
+
+    def _at(self, step: int) -> None:
+        if step != self.step:
+            self.step, self.n, self.total, self.squares, self.advantage = step, 0, 0.0, 0.0, 0.0
+            self._means = {}
+
+    def mean(self, step: int, name: str, values_N: torch.Tensor) -> dict[str, float]:
+        """`name`: the mean of per-token `values_N` over the step's micro-batches so far."""
+        self._at(step)
+        total, count = self._means.get(name, (0.0, 0))
+        total, count = total + float(values_N.detach().double().sum()), count + values_N.numel()
+        self._means[name] = (total, count)
+        return {name: total / max(count, 1)}
+
+    def add(
+        self, step: int, reverse_kl_N: torch.Tensor, advantage_sum: torch.Tensor | None = None
+    ) -> dict[str, float]:
+        self._at(step)
+        values = reverse_kl_N.detach().double()
+        self.n += values.numel()
+        self.total += float(values.sum())
+        self.squares += float((values * values).sum())
+        n = max(self.n, 1)
+        mean = self.total / n
+        var = (self.squares - n * mean * mean) / (n - 1) if self.n > 1 else 0.0
+        stats = {"kl/reverse_kl_mean": mean, "kl/reverse_kl_std": math.sqrt(max(var, 0.0))}
+        if advantage_sum is not None:
+            self.advantage += float(advantage_sum)
+            stats["kl/advantage_mean"] = self.advantage / n
+        return stats
+
+    def record(self, step: int, figures: Figures) -> dict[str, float]:
+        """The step's `kl/` metrics with this micro-batch's `figures` in."""
+        out = self.add(step, figures.reverse_kl_N, figures.advantage_sum)
+        for name, values in (
+            ("kl/clip_share", figures.clipped_N),
+            ("kl/student_topk_mass", figures.student_topk_mass_N),
+            ("kl/teacher_topk_mass", figures.teacher_topk_mass_N),
+        ):
+            if values is not None:
+                out.update(self.mean(step, name, values))
+        if figures.topk_overlap is not None:
+            out["kl/topk_overlap"] = figures.topk_overlap
+        return out

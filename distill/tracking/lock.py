@@ -18,12 +18,23 @@ import os
 import socket
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
-from distill.tracking.rundir import RunRefused
 
-if TYPE_CHECKING:
-    from distill.tracking.rundir import RunDir
+class RunRefused(ValueError):
+    """A run that cannot be created, found or written as asked: one line for the user (CLI exit 2),
+    raised before anything is written."""
+
+
+class RunDir(Protocol):
+    """What the lock needs of a run folder (tracking/rundir.py's RunDir)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def lock(self) -> Path: ...
 
 # A probe (`lock_held`, from `distill runs`) holds the lock for microseconds: a writer that meets
 # one retries briefly before refusing.

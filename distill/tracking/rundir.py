@@ -18,6 +18,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from distill.config.models import run_name_problem
+from distill.tracking.lock import RunRefused, lock_held, pid_alive
+
 if TYPE_CHECKING:
     from distill.config import RunConfig
     from distill.settings import Settings
@@ -34,15 +37,8 @@ def resolve_tracking_uri(config: RunConfig, settings: Settings) -> str:
     return config.tracking.uri or settings.resolved_tracking_uri
 
 
-class RunRefused(ValueError):
-    """A run that cannot be created, found or written as asked: one line for the user (CLI exit 2),
-    raised before anything is written."""
-
-
 def check_run_id(name: str, field: str = "run id") -> str:
     """`name` if it can be a run folder under `<workspace>/runs/`, else RunRefused naming `field`."""
-    from distill.config.models import run_name_problem
-
     problem = run_name_problem(name)
     if problem:
         raise RunRefused(f"{field}: {problem}")
@@ -57,8 +53,6 @@ def live_status(summary: dict[str, Any]) -> str:
     status = str(summary.get("status", "?"))
     if status != "RUNNING":
         return status
-    from distill.tracking.lock import lock_held, pid_alive
-
     if summary.get("run_dir"):
         held = lock_held(RunDir(Path(str(summary["run_dir"]))))
         if held is not None:
@@ -69,8 +63,25 @@ def live_status(summary: dict[str, Any]) -> str:
     return status
 
 
+STEP_PREFIX = "step-"
+
+
+def step_name(step: int) -> str:
+    """The name of step `step`'s checkpoint folder, samples file and eval file (less suffix)."""
+    return f"{STEP_PREFIX}{step}"
+
+
+def step_of(name: str | Path) -> int | None:
+    """The step a `step-N` name (a folder, or a file such as `step-N.jsonl` or `teacher/step-N.jsonl`)
+    stands for; None for any other name."""
+    stem = Path(name).name.split(".", 1)[0]
+    tail = stem[len(STEP_PREFIX) :] if stem.startswith(STEP_PREFIX) else ""
+    return int(tail) if tail.isdigit() else None
+
+
 class RunDir:
-    """One run's folder. Paths are attributes; the folder may not exist yet (`create`)."""
+    """One run's folder. Paths are attributes; the folder may not exist yet (`create`). The
+    names of its files live here and nowhere else."""
 
     CONFIG = "config.yaml"
     SUMMARY = "summary.json"
@@ -145,7 +156,14 @@ class RunDir:
         return self.path / self.DIAGNOSE
 
     def checkpoint(self, step: int) -> Path:
-        return self.checkpoints / f"step-{step}"
+        return self.checkpoints / step_name(step)
+
+    def samples_file(self, step: int) -> Path:
+        return self.samples / f"{step_name(step)}.jsonl"
+
+    def eval_file(self, step: int, prefix: str = "") -> Path:
+        """`eval/step-N.jsonl`, or a model's other than the student's (`teacher/`) under `prefix`."""
+        return self.eval / f"{prefix}{step_name(step)}.jsonl"
 
     def is_run(self) -> bool:
         return self.config.exists()
@@ -242,8 +260,9 @@ class RunDir:
             return None
         steps = []
         for child in self.checkpoints.iterdir():
-            if child.is_dir() and child.name.startswith("step-") and child.name[5:].isdigit():
-                steps.append((int(child.name[5:]), child))
+            step = step_of(child.name) if child.is_dir() else None
+            if step is not None and child.name == step_name(step):
+                steps.append((step, child))
         return max(steps)[1] if steps else None
 
     def metric_rows(self) -> list[dict[str, Any]]:

@@ -55,7 +55,7 @@ class StepLog:
             return
         start = time.perf_counter()
         self.run.samples.mkdir(exist_ok=True)
-        with (self.run.samples / f"step-{step}.jsonl").open("w") as fh:
+        with self.run.samples_file(step).open("w") as fh:
             for row in rows:
                 fh.write(json.dumps(row) + "\n")
         self.spent += time.perf_counter() - start

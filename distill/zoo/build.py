@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from distill.config.models import OPSD_TEMPLATE
 from distill.zoo.batches import Example
 from distill.zoo.notices import build_notice, built_notice, remove_stale_builds
 from distill.zoo.recipes import (
@@ -219,15 +220,6 @@ def make_model(recipe: ModelRecipe, tokenizer: Any) -> Any:
     raise ValueError(f"zoo recipe: unknown arch {recipe.arch!r}")
 
 
-def privileged_prompt(domain: Domain, item: Any, problem: str) -> str:
-    """OPSD's privileged view of `problem` (an episode's first user message, else the prompt) in
-    the default `method.teacher_template`, as `methods.opsd.teacher_message` builds it at run time:
-    what the zoo's privileged recipes train on."""
-    from distill.config.models import OPSD_TEMPLATE
-
-    return OPSD_TEMPLATE.format(problem=problem.strip(), solution=domain.privileged_context(item).strip())
-
-
 def supervised_examples(
     tokenizer: Any,
     domain: Domain,
@@ -255,7 +247,7 @@ def supervised_examples(
     pool = items if privileged_pool is None else privileged_pool
     privileged = [item for item in pool if privileged_share and rng.random() < privileged_share]
     views = [(item, item.prompt) for item in items] + [
-        (item, privileged_prompt(domain, item, item.prompt)) for item in privileged
+        (item, domain.privileged_message(OPSD_TEMPLATE, item)) for item in privileged
     ]
     for item, prompt_text in views:
         prompt = encode_text(tokenizer, render_chat(tokenizer, prompt_text))

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from distill.config.models import OPSD_TEMPLATE
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -133,7 +135,6 @@ def privileged_examples(
     from distill.episodes.data import IGNORE, replay_gold
     from distill.episodes.episode import frame_for
     from distill.episodes.protocol import as_episodic
-    from distill.zoo.build import privileged_prompt
 
     frame = frame_for(tokenizer, None)
     rng = random.Random(f"privileged:{seed}")  # its own stream: the plain examples stay as they were
@@ -148,6 +149,7 @@ def privileged_examples(
                 view_labels[at] = label
             out.append((view, view_labels))
         else:
-            start, end = ep.privileged_prompt(privileged_prompt(domain, item, ep.first_message))
+            message = domain.privileged_message(OPSD_TEMPLATE, item, ep.first_message)
+            start, end = ep.privileged_prompt(message)
             out.append((start + ids[end:], [IGNORE] * len(start) + labels[end:]))
     return out

@@ -15,14 +15,15 @@ from distill.config import ConfigError, OPDMethod, RunConfig, resolve_config
 from distill.domains import build_domain
 from distill.engines.compat import check_config
 from distill.engines.hf import HFEngine
-from distill.methods import on_policy, opd
+from distill.methods import opd
+from distill.methods.batch import Batches
 from distill.methods.context import RunContext
 from distill.tracking.base import NullTracker
 from distill.tracking.rundir import RunDir
 from distill.tracking.steplog import StepLog
 
 pytestmark = pytest.mark.integration
-WITH_TEACHER = on_policy.with_teacher  # the real one (each run below wraps it afresh)
+TARGETS = Batches.targets  # the real one (each run below wraps it afresh)
 
 
 def _train(
@@ -58,11 +59,13 @@ def _train(
     )
     seen: list[Any] = []
 
-    def capture(trainer: Any, batch: Any, teacher: Any, perf: dict[str, float]) -> dict[str, Any]:
+    def capture(
+        self: Batches, step: int, batch: Any, teacher: Any, perf: dict[str, float]
+    ) -> dict[str, Any]:
         seen.append(([i.prompt for i in batch.items], batch.completion_rows, batch.teacher_prompts, teacher))
-        return WITH_TEACHER(trainer, batch, teacher, perf)
+        return TARGETS(self, step, batch, teacher, perf)
 
-    monkeypatch.setattr(on_policy, "with_teacher", capture)
+    monkeypatch.setattr(Batches, "targets", capture)
     opd.train(ctx)
     return seen, run_dir
 

@@ -3,7 +3,6 @@ gradient, to 1e-5 on the zoo pair (the forms the code had before it was chunked)
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,8 +12,10 @@ from distill.config import OPDMethod
 from distill.engines.base import right_pad
 from distill.engines.hf import HFEngine
 from distill.kernels import losses
-from distill.methods.on_policy import divergence_loss
 from distill.methods.scoring import opd_advantages
+from distill.methods.signal import Signal
+from distill.tracking.base import NullTracker
+from distill.tracking.steplog import SilentLog
 
 TOL = 1e-5
 
@@ -83,15 +84,9 @@ def test_engine_scores_equal_the_full_logits(
     assert not scores.logprobs_B_T[~mask].any() and not logps[~mask].any()
 
 
-def _trainer(method: OPDMethod, teacher: HFEngine) -> Any:
-    ctx = SimpleNamespace(
-        method_as=lambda _: method, log=SimpleNamespace(add=lambda _: None), local_teacher=lambda: teacher
-    )
-    return SimpleNamespace(
-        distill_ctx=ctx,
-        accelerator=SimpleNamespace(unwrap_model=lambda m: m),
-        state=SimpleNamespace(global_step=0),
-    )
+def _signal(method: OPDMethod, teacher: HFEngine) -> Signal:
+    head = teacher.model.get_output_embeddings() if method.loss == "jsd" else None
+    return Signal(method, SilentLog(NullTracker()), None, head)
 
 
 @pytest.mark.parametrize("loss", ["k1", "k3", "forward_kl_topk", "jsd"])
@@ -115,7 +110,7 @@ def test_divergence_losses_equal_the_full_logits(
                 inputs["completion_ids"],
                 inputs["completion_mask"],
             )
-    chunked = divergence_loss(_trainer(method, teacher), student.model, inputs)
+    chunked = _signal(method, teacher).divergence_loss(0, student.model, student.model, inputs)
     chunked.backward()
     got = grads(student.model)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,12 +16,12 @@ from distill.config import OPDMethod, RunConfig
 from distill.domains import build_domain
 from distill.engines.base import TokenScores, right_pad
 from distill.engines.hf import HFEngine
-from distill.methods import on_policy
 from distill.methods.context import RunContext
 from distill.methods.cross_family import CrossFamily, group_view, segment_sums
+from distill.methods.signal import Signal
 from distill.tracking.base import NullTracker
 from distill.tracking.rundir import RunDir
-from distill.tracking.steplog import StepLog
+from distill.tracking.steplog import SilentLog, StepLog
 
 pytestmark = pytest.mark.integration
 TOL = 1e-6
@@ -57,17 +56,9 @@ def rollout(student: HFEngine, seed: int = 1) -> dict[str, Any]:
     }
 
 
-def trainer(method: OPDMethod, cross: CrossFamily | None, teacher: HFEngine) -> Any:
-    logged: dict[str, float] = {}
-    ctx = SimpleNamespace(method_as=lambda _: method, log=SimpleNamespace(add=logged.update))
-    ctx.local_teacher = lambda: teacher
-    return SimpleNamespace(
-        distill_ctx=ctx,
-        accelerator=SimpleNamespace(unwrap_model=lambda m: m),
-        state=SimpleNamespace(global_step=0),
-        cross=cross,
-        logged=logged,
-    )
+def signal(method: OPDMethod, cross: CrossFamily | None) -> Signal:
+    """The loss side as the trainer holds it, its figures kept in `signal.log.pending`."""
+    return Signal(method, SilentLog(NullTracker()), cross)
 
 
 def same_family_inputs(batch: dict[str, Any], teacher: HFEngine, top_k: int) -> dict[str, Any]:
@@ -108,20 +99,20 @@ def test_one_tokenizer_through_the_cross_path_equals_same_family(
     if cross.projection is not None:  # the vocabulary map of a tokenizer onto itself is the identity
         vocab = len(student.tokenizer)
         assert torch.equal(cross.projection.map_V[:vocab], torch.arange(vocab))
-    plain = trainer(method, None, teacher)
-    ref = on_policy.divergence_loss(plain, student.model, same_family_inputs(batch, teacher, 6))
+    plain = signal(method, None)
+    ref = plain.divergence_loss(0, student.model, student.model, same_family_inputs(batch, teacher, 6))
     ref.backward()
     ref_grads = grads(student.model)
     inputs, figures = cross_inputs(batch, cross, teacher, 6)
     assert figures["kl/one_to_one_share"] == 1.0 and figures["bridge/seam_failure_rate"] == 0.0
-    crossed = trainer(method, cross, teacher)
-    got = on_policy.divergence_loss(crossed, student.model, inputs)
+    crossed = signal(method, cross)
+    got = crossed.divergence_loss(0, student.model, student.model, inputs)
     got.backward()
     assert abs(float(got.detach()) - float(ref.detach())) <= TOL and float(ref.detach()) != 0.0
     for a, b in zip(grads(student.model), ref_grads, strict=True):
         torch.testing.assert_close(a, b, atol=TOL, rtol=0)
-    for key in plain.logged:
-        assert crossed.logged[key] == pytest.approx(plain.logged[key], abs=TOL), key
+    for key in plain.log.pending:
+        assert crossed.log.pending[key] == pytest.approx(plain.log.pending[key], abs=TOL), key
 
 
 @pytest.mark.parametrize("mode", ["spread", "last"])
@@ -131,15 +122,15 @@ def test_one_tokenizer_advantages_equal_same_family(engines: dict[str, HFEngine]
     method = OPDMethod(cross_family="always", group_advantage=mode)
     batch = rollout(student, seed=2)
     own = student.score(batch["prompts"], batch["completions"]).logprobs_B_T
-    plain, plain_inputs = trainer(method, None, teacher), same_family_inputs(batch, teacher, 1)
-    on_policy.set_advantages(plain, plain_inputs, own)
+    plain, plain_inputs = signal(method, None), same_family_inputs(batch, teacher, 1)
+    plain.set_advantages(0, plain_inputs, own)
     cross = CrossFamily(student.tokenizer, teacher.tokenizer, method)
-    crossed, inputs = trainer(method, cross, teacher), cross_inputs(batch, cross, teacher, 1)[0]
-    on_policy.set_advantages(crossed, inputs, own)
+    crossed, inputs = signal(method, cross), cross_inputs(batch, cross, teacher, 1)[0]
+    crossed.set_advantages(0, inputs, own)
     assert plain_inputs["advantages"].abs().sum() > 0
     torch.testing.assert_close(inputs["advantages"], plain_inputs["advantages"], atol=TOL, rtol=0)
-    for key in plain.logged:
-        assert crossed.logged[key] == pytest.approx(plain.logged[key], abs=TOL), key
+    for key in plain.log.pending:
+        assert crossed.log.pending[key] == pytest.approx(plain.log.pending[key], abs=TOL), key
 
 
 def test_group_sums_and_placement_on_a_hand_built_batch() -> None:
@@ -169,13 +160,14 @@ def test_group_sums_and_placement_on_a_hand_built_batch() -> None:
     student_B_T = logp.detach()
     from distill.methods.cross_family import group_advantages
 
-    spread, kl_N, _ = group_advantages(method, "spread", inputs, student_B_T)
+    spread, figures = group_advantages(method, "spread", inputs, student_B_T)
+    kl_N = figures.reverse_kl_N
     gaps = [-1 + 0.6] * 3 + [0.0] + [-2 + 1.5] * 2
     assert torch.allclose(spread[0], torch.tensor(gaps)) and torch.allclose(
         spread[1, :2], torch.tensor([0.5, 0.75])
     )
     assert torch.allclose(kl_N[:3], torch.tensor([0.4 / 3] * 3))  # -gap, shared by the group's tokens
-    last, _, _ = group_advantages(method, "last", inputs, student_B_T)
+    last, _ = group_advantages(method, "last", inputs, student_B_T)
     assert torch.allclose(last[0], torch.tensor([0, 0, -0.4, 0, 0, -0.5]))
     assert segment_sums(torch.ones(3), torch.tensor([0, 0, 2]), 3).tolist() == [2.0, 2.0, 1.0]
 

@@ -45,7 +45,7 @@ def test_opsd_scores_every_turn_in_the_privileged_view(
     registered: None, tiny_zoo: Any, tmp_path: Path
 ) -> None:
     from distill.methods.episode_online import _teacher_scores
-    from distill.methods.opsd import teacher_message
+    from distill.methods.views import teacher_message
 
     ctx = _context(tmp_path, tiny_zoo)
     episodes = _episodes(ctx)

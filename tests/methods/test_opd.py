@@ -149,36 +149,33 @@ def test_signal_scores_the_student_at_temperature_one(
     temperature 1), never the tempered student with the untempered teacher (docs: OPD temperature)."""
     import copy
 
-    from distill.kernels import losses, on_policy
+    from distill.kernels import losses
     from distill.methods.opd import train
+    from distill.methods.signal import Signal
 
     student = HFEngine.load(str(tiny_zoo.student))
     frozen = copy.deepcopy(student.model)
     teacher = HFEngine.load(str(tiny_zoo.teacher))
     seen: dict = {}
-    real_set, real_kl, real_loss = (
-        on_policy.set_advantages,
-        losses.direct_kl_per_token,
-        on_policy.divergence_loss,
-    )
+    real_set, real_kl, real_loss = Signal.set_advantages, losses.direct_kl_per_token, Signal.divergence_loss
     keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
 
     # The batch as the loss sees it (GRPO shuffles the generated batch before the loss).
-    def divergence_loss(trainer, model, inputs):  # type: ignore[no-untyped-def]
+    def divergence_loss(self, step, model, head_model, inputs):  # type: ignore[no-untyped-def]
         seen["inputs"] = {k: inputs[k] for k in keys}
-        return real_loss(trainer, model, inputs)
+        return real_loss(self, step, model, head_model, inputs)
 
-    def set_advantages(trainer, inputs, student_B_T):  # type: ignore[no-untyped-def]
+    def set_advantages(self, step, inputs, student_B_T):  # type: ignore[no-untyped-def]
         seen["inputs"] = {k: inputs[k] for k in keys}
         seen["student"] = student_B_T.detach().clone()
-        return real_set(trainer, inputs, student_B_T)
+        return real_set(self, step, inputs, student_B_T)
 
     def direct_kl(name, logp_S_N, logp_T_N):  # type: ignore[no-untyped-def]
         seen["student_N"] = logp_S_N.detach().clone()
         return real_kl(name, logp_S_N, logp_T_N)
 
-    monkeypatch.setattr(on_policy, "divergence_loss", divergence_loss)
-    monkeypatch.setattr(on_policy, "set_advantages", set_advantages)
+    monkeypatch.setattr(Signal, "divergence_loss", divergence_loss)
+    monkeypatch.setattr(Signal, "set_advantages", set_advantages)
     monkeypatch.setattr(losses, "direct_kl_per_token", direct_kl)
     ctx = _context(tmp_path, tiny_zoo, student, teacher, lr=1e-3, loss=loss, temperature=0.5)
     train(ctx)
@@ -191,33 +188,35 @@ def test_signal_scores_the_student_at_temperature_one(
 
 
 def test_rollouts_are_sampled_as_generate_samples_them(tmp_path: Path, tiny_zoo, monkeypatch) -> None:
-    """OPD's rollouts come from the lean batched sampler (engines/batched.py) where it applies;
-    at a near-greedy temperature they are the completions TRL's `generate` samples, token for token."""
+    """OPD's rollouts come from the lean batched sampler (engines/batched.py, TRL's `rollout_func`)
+    where it applies; at a near-greedy temperature they are the completions TRL's `generate`
+    samples, token for token."""
     from distill.methods import on_policy, opd
+    from distill.methods.batch import Batches
 
-    real_lean, real_with_teacher = opd.lean_rollouts, on_policy.with_teacher
+    real_lean, real_targets = on_policy.LeanRollouts.__call__, Batches.targets
     used: list[bool] = []
     rows: dict[str, list[list[int]]] = {}
 
-    def counted(trainer, prompt_ids):
-        out = real_lean(trainer, prompt_ids)
-        used.append(out is not None)
-        return out
+    def counted(self, prompts, trainer):  # type: ignore[no-untyped-def]
+        used.append(True)
+        return real_lean(self, prompts, trainer)
 
     def run(label: str) -> None:
-        def capture(trainer, batch, teacher, perf):
+        def capture(self, step, batch, teacher, perf):  # type: ignore[no-untyped-def]
             rows[label] = batch.completion_rows
-            return real_with_teacher(trainer, batch, teacher, perf)
+            return real_targets(self, step, batch, teacher, perf)
 
-        monkeypatch.setattr(on_policy, "with_teacher", capture)
+        monkeypatch.setattr(Batches, "targets", capture)
         student, teacher = HFEngine.load(str(tiny_zoo.student)), HFEngine.load(str(tiny_zoo.teacher))
         (tmp_path / label).mkdir()
         opd.train(_context(tmp_path / label, tiny_zoo, student, teacher, 1e-3, temperature=1e-4))
 
-    monkeypatch.setattr(opd, "lean_rollouts", counted)
+    monkeypatch.setattr(on_policy.LeanRollouts, "__call__", counted)
     run("lean")
     assert used == [True]
-    monkeypatch.setattr(opd, "lean_rollouts", lambda trainer, prompt_ids: None)
+    monkeypatch.setattr(on_policy, "lean_applies", lambda ctx: False)
     run("generate")
+    assert used == [True]  # TRL's own generation this time
     assert len(rows["lean"]) == 8 and any(len(r) > 1 for r in rows["lean"])
     assert rows["lean"] == rows["generate"]

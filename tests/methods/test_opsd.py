@@ -49,16 +49,19 @@ def _rows(run_dir: Path) -> list[dict]:
 
 
 def test_teacher_message_uses_the_worked_solution(tiny_zoo) -> None:
+    from pydantic import ValidationError
+
     from distill.config import OPSDMethod
-    from distill.methods.opsd import teacher_message
+    from distill.methods.views import teacher_message
 
     domain = build_domain(tiny_zoo.domain)
     item = domain.train_items()[0]
     text = teacher_message(OPSDMethod(), domain, item)
     assert item.prompt.strip() in text and item.solution and item.solution.strip() in text
     assert "=== Reference Solution Begin ===" in text
-    with pytest.raises(ValueError, match="teacher_template"):
-        teacher_message(OPSDMethod(teacher_template="{problem} {answer_key}"), domain, item)
+    # An unknown placeholder is a config error, before any run exists.
+    with pytest.raises(ValidationError, match="unknown placeholder 'answer_key'"):
+        OPSDMethod(teacher_template="{problem} {answer_key}")
 
 
 def test_base_teacher_stays_frozen_while_the_student_moves(tmp_path: Path, tiny_zoo) -> None:
@@ -95,7 +98,8 @@ def test_ema_teacher_is_saved_with_each_checkpoint_and_restored_on_resume(tmp_pa
 
     from safetensors.torch import load_file
 
-    from distill.methods.opsd import EMA_FILE, train
+    from distill.methods.opsd import train
+    from distill.methods.privileged import EMA_FILE
 
     method = {"teacher_weights": "ema", "ema_decay": 0.5}
     full = _context(tmp_path / "full", tiny_zoo, method, checkpoint={"every_steps": 1})

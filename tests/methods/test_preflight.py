@@ -8,13 +8,8 @@ import torch
 from distill.config import RunConfig
 from distill.domains import build_domain
 from distill.engines.hf import HFEngine
-from distill.methods.preflight import (
-    PreflightError,
-    check_loss_mask,
-    run_preflight,
-    side_by_side,
-    teacher_view,
-)
+from distill.methods.preflight import PreflightError, check_loss_mask, run_preflight, side_by_side
+from distill.methods.views import teacher_view
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +29,7 @@ def _run(config: RunConfig, student: HFEngine, teacher: HFEngine):
     domain = build_domain(config.domain)
     view = teacher_view(config, domain)
     assert view is not None
-    return run_preflight(config, student, teacher, domain.train_items()[:2], view[0], view[1])
+    return run_preflight(config, student, teacher, domain.train_items()[:2], view.prompt_for, view.same_template)
 
 
 def test_matching_pair_passes_with_zero_self_score_gap(tiny_zoo) -> None:

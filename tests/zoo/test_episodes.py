@@ -132,7 +132,7 @@ def test_privileged_examples_put_the_gold_plan_in_the_first_message_only(item: I
     from transformers import AutoTokenizer
 
     from distill.config import OPSDMethod
-    from distill.methods.opsd import teacher_message
+    from distill.methods.views import teacher_message
 
     tok = AutoTokenizer.from_pretrained(tiny_zoo.tok_qwen)
     ((ids, labels),) = training_examples([item], SW, tok, "turns")

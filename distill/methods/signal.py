@@ -1,0 +1,157 @@
+"""The loss side of an on-policy step: the teacher's signal on the student's own forward.
+
+The student's logprobs come from the training forward itself: for `token_reward_direct` GRPO's
+per-token logps forward (`Signal.set_advantages` fills in the advantages GRPO's loss is about to
+read), for the divergence losses their own forward (`Signal.divergence_loss`). So a step runs one
+student forward with gradient and no second, scoring one, and the advantage
+
+    A_t = coef * (logp_teacher_t - logp_student_t)
+
+uses the student's logprobs of the weights being trained (on-policy, one iteration per batch,
+they are the weights that sampled it). Both paths apply the student's head per chunk of
+completion positions (kernels/heads.py), never [B, T, vocab]; the step's `kl/` figures sum over
+its micro-batches (scoring.KLMeter).
+
+Temperature: the signal compares the two models as they are, both at temperature 1, whatever
+`rollout.temperature` the rollouts were sampled at. The temperature only chooses which states are
+visited. A student at temperature 1 equal to the teacher at 1 is equal to it at every temperature,
+which no tempered comparison gives; and a tempered student against an untempered teacher would
+measure a distance to neither model. GRPO's own policy-gradient logps (token_reward_direct) stay
+at the sampling temperature, as TRL computes them, so its importance ratios (vLLM's correction,
+several iterations) compare like with like.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from distill.config import OnPolicyKL
+from distill.kernels import losses
+from distill.kernels.heads import head_gather, head_gather_topk, output_head, select_positions, token_logprobs
+from distill.kernels.states import decoder_states
+from distill.methods.cross_family import CrossFamily, group_advantages, group_divergence
+from distill.methods.scoring import Figures, KLMeter, advantages, clipped
+
+if TYPE_CHECKING:
+    from distill.tracking.steplog import StepRecord
+
+
+class Signal:
+    """One run's loss-side state: its method, the step record, the cross-family groups (None:
+    the same ids on both sides), the teacher's head for `jsd` and the step's `kl/` meter."""
+
+    def __init__(
+        self,
+        method: OnPolicyKL,
+        log: StepRecord,
+        cross: CrossFamily | None = None,
+        teacher_head: torch.nn.Module | None = None,
+    ) -> None:
+        if method.loss == "jsd" and teacher_head is None:
+            raise ValueError("method.loss=jsd needs the teacher's output head in this process")
+        self.method = method
+        self.log = log
+        self.cross = cross
+        self.teacher_head = teacher_head
+        self.meter = KLMeter()
+
+    def _record(self, step: int, figures: Figures) -> None:
+        self.log.add(self.meter.record(step, figures))
+
+    def set_advantages(self, step: int, inputs: dict[str, Any], student_B_T: torch.Tensor) -> None:
+        """token_reward_direct: A_t = coef * (logp_T - logp_S) from the loss forward's own student
+        logprobs, into the batch GRPO's loss is about to read; the step's `kl/` figures."""
+        if self.cross is not None:  # per byte group (cross_family.py)
+            inputs["advantages"], figures = group_advantages(self.method, self.cross.mode, inputs, student_B_T)
+            self._record(step, figures)
+            return
+        mask_B_T = inputs["completion_mask"]
+        gap_B_T = (inputs["teacher_logps"] - student_B_T) * mask_B_T
+        adv_B_T = advantages(self.method, gap_B_T)
+        inputs["advantages"] = adv_B_T * mask_B_T
+        on = mask_B_T.bool()
+        self._record(step, Figures(-gap_B_T[on], adv_B_T[on].sum(), clipped(self.method, gap_B_T[on])))
+
+    def divergence_loss(
+        self, step: int, model: torch.nn.Module, head_model: torch.nn.Module, inputs: dict[str, Any]
+    ) -> torch.Tensor:
+        """The direct-divergence members of the loss family (kernels/losses.py) on the trainer's
+        batch: the student's hidden states once (through `model`, the trainer's possibly wrapped
+        module), the head of `head_model` (unwrapped) applied per chunk of completion positions;
+        the sampled tokens' logprobs from the same pass give the step's `kl/` figures."""
+        method = self.method
+        mask_B_T = inputs["completion_mask"].bool()
+        hidden_B_T_H = student_states(model, inputs)
+        hidden_N_H = select_positions(hidden_B_T_H, mask_B_T)
+        weight, bias = output_head(head_model)
+        if self.cross is not None:  # per byte group (cross_family.py); jsd is refused cross-family
+            loss, figures = group_divergence(method, self.cross.mode, (weight, bias), hidden_N_H, inputs)
+            self._record(step, figures)
+            return loss
+        sampled_N = inputs["completion_ids"][mask_B_T]
+        teacher_N = inputs["teacher_logps"][mask_B_T]
+        topk: dict[str, Any] = {}
+        if method.loss == "jsd":
+            assert self.teacher_head is not None
+            head = getattr(head_model, "get_output_embeddings", lambda: None)()
+            assert isinstance(head, torch.nn.Module), "a causal LM's output head"
+            loss = losses.jsd_loss(
+                hidden_B_T_H, inputs["teacher_hidden"], head, self.teacher_head, mask_B_T, method.beta
+            )
+            with torch.no_grad():
+                logp_S_N = token_logprobs(hidden_N_H, weight, bias, sampled_N)
+        elif method.loss == "forward_kl_topk":
+            loss, logp_S_N, topk = _topk_forward_kl(method, hidden_N_H, (weight, bias), inputs, mask_B_T)
+        else:
+            gathered, lse_N = head_gather(hidden_N_H, weight, bias, sampled_N[:, None])
+            logp_S_N = gathered[:, 0] - lse_N
+            per_token_N = losses.direct_kl_per_token(method.loss, logp_S_N, teacher_N)
+            loss = per_token_N.sum() / max(per_token_N.numel(), 1)
+        gap_N = teacher_N - logp_S_N.detach()
+        adv_N = advantages(method, gap_N)
+        self._record(step, Figures(-gap_N, adv_N.sum(), clipped(method, gap_N), **topk))
+        return loss
+
+
+def _topk_forward_kl(
+    method: OnPolicyKL,
+    hidden_N_H: torch.Tensor,
+    head: tuple[torch.Tensor, torch.Tensor | None],
+    inputs: dict[str, Any],
+    mask_B_T: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """KL(teacher || student) over the teacher's top-k (with its tail bucket): the loss, the
+    sampled tokens' logprobs (detached) and the top-k figures, from one pass of the head."""
+    sampled_N = inputs["completion_ids"][mask_B_T]
+    teacher_ids_N_K = inputs["teacher_topk_ids"][mask_B_T]
+    teacher_logps_N_K = inputs["teacher_topk_logps"][mask_B_T]
+    ids_N_K1 = torch.cat([sampled_N[:, None], teacher_ids_N_K], dim=1)
+    gathered, lse_N, student_ids_N_K, _ = head_gather_topk(
+        hidden_N_H, head[0], head[1], ids_N_K1, teacher_ids_N_K.shape[-1]
+    )
+    student_N_K = gathered[:, 1:] - lse_N[:, None]
+    per_token_N = losses.topk_forward_kl_per_token(student_N_K, teacher_logps_N_K, method.topk_tail)
+    loss = per_token_N.sum() / max(per_token_N.numel(), 1)
+    with torch.no_grad():
+        topk = {
+            "topk_overlap": losses.topk_overlap(student_ids_N_K, teacher_ids_N_K),
+            "student_topk_mass_N": student_N_K.exp().sum(-1),
+            "teacher_topk_mass_N": teacher_logps_N_K.exp().sum(-1),
+        }
+    return loss, (gathered[:, 0] - lse_N).detach(), topk
+
+
+def student_states(model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+    """The student's final hidden states at the completion positions [B, T, H] (the loss applies
+    the head itself, per chunk): prompts left-padded and completions right-padded, so the
+    completion starts at one column in every row."""
+    prompt_B_P, mask_B_T = inputs["prompt_ids"], inputs["completion_mask"]
+    hidden_B_L_H = decoder_states(
+        model,
+        torch.cat([prompt_B_P, inputs["completion_ids"]], dim=1),
+        torch.cat([inputs["prompt_mask"], mask_B_T], dim=1),
+    )
+    width_P, width_T = prompt_B_P.shape[1], mask_B_T.shape[1]
+    return hidden_B_L_H[:, width_P - 1 : width_P - 1 + width_T]

@@ -1,0 +1,123 @@
+"""What a run loads and checks before its first step: the method, the domain, the engines, the
+token budgets and the preflight checks (runner.py runs them in order; `distill run --preflight`
+runs them alone and trains nothing)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from distill.config import OPDMethod
+from distill.domains import build_domain
+from distill.engines.hf import HFEngine
+from distill.engines.server import ServerEngine
+from distill.methods import get_method
+from distill.methods.budget import context_checks
+from distill.methods.cross_family import crosses
+from distill.methods.cross_family import warning as cross_warning
+from distill.methods.preflight import preflight_report
+from distill.zoo import resolve_model
+
+if TYPE_CHECKING:
+    from distill.config import ModelConfig, RunConfig
+    from distill.domains.base import Domain
+    from distill.engines.base import Engine
+    from distill.methods.context import RunContext
+    from distill.settings import Settings
+    from distill.tracking.rundir import RunDir
+
+Say = Callable[[str], Any]  # prints a line for the user
+
+
+def load_engine(spec: ModelConfig, config: RunConfig, settings: Settings) -> Engine:
+    """The student's or teacher's engine: a zoo name is built on first use."""
+    path = resolve_model(spec.name, config.domain, settings)
+    if spec.engine == "server":  # engines/compat.py has checked the method can use a served teacher
+        return ServerEngine.load(path, str(spec.url), spec.server, spec.enable_thinking)
+    return HFEngine.load(path, spec.precision, spec.enable_thinking)
+
+
+def load_student(config: RunConfig, settings: Settings) -> HFEngine:
+    """The student trains in this process: always the hf engine (the config refuses a server)."""
+    engine = load_engine(config.student, config, settings)
+    if not isinstance(engine, HFEngine):
+        raise ValueError("student.engine: the student trains in this process (engine=hf)")
+    return engine
+
+
+@dataclass
+class Prepared:
+    """A run's method, domain and engines, loaded."""
+
+    train: Callable[[RunContext], None]
+    domain: Domain
+    student: HFEngine
+    teacher: Engine
+
+
+def prepare(config: RunConfig, settings: Settings) -> Prepared:
+    """What every process of a run does first: quiet libraries, seed, method, domain, engines."""
+    import torch
+    import transformers
+    from transformers import set_seed
+
+    # Library deprecation chatter from inside TRL/transformers is not the user's to act on.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    set_seed(config.seed)
+    train = get_method(config.method.name, config.domain.name)  # a method the domain lacks fails here
+    domain = build_domain(config.domain)
+    try:
+        student = load_student(config, settings)
+        teacher = load_engine(config.teacher, config, settings)
+    except BaseException:
+        domain.close()
+        raise
+    # After the engines load: a zoo build (inside load_engine) keeps torch's default threads, so
+    # the cached zoo models are the same whatever `threads` a run asks for.
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    return Prepared(train, domain, student, teacher)
+
+
+def budget_warnings(config: RunConfig, domain: Domain, student: Engine, teacher: Engine) -> list[str]:
+    """Token budgets against the models' contexts (engines/context.py): capped with a warning, or
+    a one-line error before anything is generated. Also the warning of cross-family OPD on a
+    sampled-token loss (docs/cross_family.md)."""
+    found = [w for check in context_checks(config, domain, student, teacher) if (w := check.warning())]
+    if isinstance(config.method, OPDMethod) and crosses(config, student, teacher):
+        if note := cross_warning(config.method, config.student.name, config.teacher.name):
+            found.append(note)
+    return found
+
+
+def preflight(
+    config: RunConfig, domain: Domain, student: HFEngine, teacher: Engine, say: Say, run: RunDir | None = None
+) -> str | None:
+    """Template / thinking / self-score checks for on-policy methods; raises PreflightError. A
+    run keeps the report, passed or failed, in `preflight.json` (what diagnose reads)."""
+    report = preflight_report(config, domain, student, teacher, run)
+    if report is None:
+        return None
+    text = report.render()
+    say("preflight:\n" + text)
+    return text
+
+
+def preflight_only(config: RunConfig, settings: Settings, say: Say) -> str:
+    """`distill run --preflight`: load the pair, run the checks, train nothing, write nothing."""
+    domain = build_domain(config.domain)
+    try:
+        student = load_student(config, settings)
+        teacher = load_engine(config.teacher, config, settings)
+        text = preflight(config.model_copy(update={"preflight": True}), domain, student, teacher, say)
+    finally:
+        domain.close()
+    if text is None:
+        say(f"preflight: nothing to check for method {config.method.name} (no teacher scores student tokens)")
+        return ""
+    return text
