@@ -14,27 +14,32 @@ from collections.abc import Callable
 
 from distill.diagnose.findings import Evidence, Finding, Fix, Severity, exit_code, rank
 from distill.diagnose.records import RunNotReadable, RunRecord, Series, load_run
+from distill.diagnose.schedule import within_history
 
 Rule = Callable[[RunRecord], list[Finding]]
 
 
 def all_rules() -> list[Rule]:
-    from distill.diagnose import alignment, outcomes, precision, speed
+    from distill.diagnose import alignment, dynamics, outcomes, precision, signals, speed
     from distill.diagnose import rules as budget
 
     return [
         budget.run_status,
         outcomes.pairing,
+        signals.reference_gap,
         precision.precision,
         alignment.alignment,
+        signals.out_of_vocab,
         budget.teacher_truncation,
         budget.coverage,
         budget.student_truncation,
         outcomes.eval_divergence,
         outcomes.eval_regression,
         outcomes.kl_rising,
+        signals.topk_mass,
+        signals.clamp_share,
         outcomes.teacher_gap,
-        budget.plateau,
+        dynamics.plateau,
         outcomes.early_reward,
         speed.teacher_time,
         speed.tracking_time,
@@ -57,7 +62,8 @@ def diagnose(rec: RunRecord, only: list[Rule] | None = None) -> list[Finding]:
                     why="A record this rule reads has an unexpected shape; the other rules still ran.",
                 )
             )
-    return rank(findings)
+    # Whatever a rule wrote, no fix suggests an lr above the run's own highest (schedule.py).
+    return rank(within_history(rec, findings))
 
 
 __all__ = [

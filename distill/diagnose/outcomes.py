@@ -1,16 +1,16 @@
-"""Rules over what the student produced and how the pair was set up: early reward near zero, the
-KL to the teacher rising, and student/teacher chat-template or thinking-mode mismatch.
+"""Rules over what the student produced: early reward near zero and the KL to the teacher rising.
 
 The eval-record rules (divergence, regression, teacher gap) live in eval_rules.py and are
-re-exported here, where the rule list (`diagnose.all_rules`) finds them."""
+re-exported here, where the rule list (`diagnose.all_rules`) finds them, as are the pairing rules
+(pairing.py)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from distill.diagnose.eval_rules import eval_divergence, eval_regression, lower_lr, teacher_gap
 from distill.diagnose.findings import Evidence, Finding, Fix, Severity, fmt, nice_tokens, pct
+from distill.diagnose.pairing import pairing
 from distill.diagnose.records import RunRecord
 
 NEAR_ZERO = 0.02
@@ -86,94 +86,6 @@ def early_reward(rec: RunRecord) -> list[Finding]:
             advice=advice,
         )
     ]
-
-
-def _failed_checks(node: Any, path: str = "") -> list[str]:
-    """Names of preflight checks marked failed (`ok`/`passed` false, or a failing status)."""
-    if not isinstance(node, dict):
-        return []
-    out = []
-    if (
-        node.get("ok") is False
-        or node.get("passed") is False
-        or str(node.get("status", "")).lower() in ("fail", "failed", "error")
-    ):
-        out.append(path or "preflight")
-    for key, child in node.items():
-        out += _failed_checks(child, f"{path}.{key}" if path else str(key))
-    return out
-
-
-def pairing(rec: RunRecord) -> list[Finding]:
-    out: list[Finding] = []
-    s_think, t_think = rec.cfg("student.enable_thinking"), rec.cfg("teacher.enable_thinking")
-    if s_think != t_think:
-        explicit = s_think is not None and t_think is not None
-        value = s_think if s_think is not None else t_think
-        side = "teacher" if s_think is not None else "student"
-        out.append(
-            Finding(
-                name="thinking_mismatch",
-                severity=Severity.ERROR if explicit else Severity.WARNING,
-                title=f"thinking mode differs: student {s_think}, teacher {t_think}"
-                + ("" if explicit else " (None: the model family's default)"),
-                evidence=[
-                    Evidence("student.enable_thinking", str(s_think)),
-                    Evidence("teacher.enable_thinking", str(t_think)),
-                ],
-                why="Student and teacher render the chat template differently (one opens a <think> block, the other "
-                "does not): the teacher scores or continues text in a format it was not prompted for, so the "
-                "signal measures the format gap, not the reasoning.",
-                fixes=[Fix(f"{side}.enable_thinking", str(value).lower(), "the same mode on both sides")],
-            )
-        )
-    models = rec.manifest.get("models", {})
-    st, te = models.get("student", {}), models.get("teacher", {})
-    if st.get("vocab") and te.get("vocab") and st["vocab"] != te["vocab"]:
-        # OPD crosses by byte groups (alignment.py judges how fine); OPSD has one model, so a
-        # second vocabulary there means the run is not what it claims.
-        same_ids = rec.method == "opsd"
-        out.append(
-            Finding(
-                name="cross_family",
-                severity=Severity.ERROR if same_ids else Severity.INFO,
-                title=f"student and teacher tokenizers differ: vocab {st['vocab']} vs {te['vocab']} ({st.get('class')} / {te.get('class')})",
-                evidence=[
-                    Evidence("manifest models.student", f"{st.get('class')}, vocab {st['vocab']}"),
-                    Evidence("manifest models.teacher", f"{te.get('class')}, vocab {te['vocab']}"),
-                ],
-                why="OPSD distils a model into itself: the teacher must be the student's own weights."
-                if same_ids
-                else "Cross-family: the teacher sees the student's text through the tokenizer bridge "
-                "(OPD: per byte group, docs/cross_family.md); check its seams.",
-                fixes=[],
-                advice=""
-                if same_ids
-                else "run `distill bridge check --student S --teacher T` if no preflight.json",
-            )
-        )
-    elif st.get("class") and te.get("class") and st["class"] != te["class"]:
-        out.append(
-            Finding(
-                "model_class_differs",
-                Severity.INFO,
-                f"student {st['class']} and teacher {te['class']} share a vocabulary but not an architecture",
-                [Evidence("manifest models", f"{st['class']} / {te['class']}")],
-                "Usually fine; chat templates may still differ between the two.",
-            )
-        )
-    for check in _failed_checks(rec.preflight or {}):
-        out.append(
-            Finding(
-                "preflight_failed",
-                Severity.WARNING,
-                f"preflight check failed: {check}",
-                [Evidence("preflight.json", check)],
-                "The pair was run despite a failing preflight check; its signal may be wrong.",
-                advice="read preflight.json for the failing seam or template",
-            )
-        )
-    return out
 
 
 KL_RISE = 1.3

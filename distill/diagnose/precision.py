@@ -306,17 +306,21 @@ def _estimates(
     return adam_rel
 
 
-def _fixes(dtype: str, half: float, scale: float, lr: float) -> list[Fix]:
+def _fixes(dtype: str, half: float, scale: float, lr: float) -> tuple[list[Fix], str]:
+    """(fixes, advice). No lr above the run's own is suggested (schedule.ceiling): the lr at which
+    a bf16 weight would move at all is said in words, as the reason fp32 is the fix."""
     if dtype != "fp32":
-        return [
-            Fix("student.precision", "fp32", "fp32 weights resolve updates down to 3e-8 of a weight"),
-            Fix(
-                "optim.lr",
-                fmt(half * scale),
-                f"the smallest lr at which a typical weight moves at all in {dtype}; usually too large: prefer fp32",
-            ),
-        ]
-    return [Fix("optim.lr", fmt(10 * lr), "the weights are not moving: the step size is too small")]
+        return (
+            [Fix("student.precision", "fp32", "fp32 weights resolve updates down to 3e-8 of a weight")],
+            f"in {dtype} a typical weight (|w| ~ {fmt(scale)}) moves only at lr >= {fmt(half * scale)}, "
+            f"{fmt(half * scale / lr) if lr > 0 else '?'}x this run's; that is usually too large to train "
+            "stably: prefer fp32 weights",
+        )
+    return (
+        [],
+        f"the weights are not moving at lr {fmt(lr)}: check that the loss reaches the trained weights "
+        "(a frozen module, a zero advantage), then try larger lrs in short runs and compare them",
+    )
 
 
 def precision(rec: RunRecord) -> list[Finding]:
@@ -347,6 +351,7 @@ def precision(rec: RunRecord) -> list[Finding]:
         else:
             severity = Severity.WARNING
             title = f"updates near {dtype} resolution: ~{fmt(adam_rel)} per step vs {fmt(half)}"
+    fixes, advice = _fixes(dtype, half, scale, lr)
     return [
         Finding(
             name="precision",
@@ -357,6 +362,7 @@ def precision(rec: RunRecord) -> list[Finding]:
             "rounds back to the old value, so training runs, losses are logged and nothing is learned. "
             "Reference: OPD bf16 and fp32 runs differed only in dtype (lr 1e-6, advantage ~1e-2); "
             "fp32 reached avg@8 0.069, bf16 0.046.",
-            fixes=_fixes(dtype, half, scale, lr),
+            fixes=fixes,
+            advice=advice,
         )
     ]

@@ -1,4 +1,4 @@
-"""Rules over token budgets and training dynamics: truncation, coverage, plateau, run status.
+"""Rules over token budgets: teacher and student truncation, supervision coverage; and run status.
 
 Each rule takes a RunRecord and returns zero or more findings. A rule that lacks its keys returns
 nothing: a method logs only the keys that apply to it (DESIGN.md, "Metric names").
@@ -9,8 +9,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from distill.diagnose.findings import Evidence, Finding, Fix, Severity, fmt, nearest_pow2, nice_tokens, pct
 from distill.diagnose.records import RunRecord, Series
 
@@ -19,9 +17,6 @@ TEACHER_SHARE_ERROR, TEACHER_TRUNC_ERROR = 0.9, 0.5
 TEACHER_SHARE_WARN, TEACHER_TRUNC_WARN = 0.75, 0.2
 COVERAGE_WARN, COVERAGE_ERROR = 0.25, 0.1
 STUDENT_RISE_WARN, STUDENT_END_WARN, STUDENT_END_ERROR = 0.1, 0.2, 0.5
-FLAT_REL_CHANGE = 0.02
-GRAD_COLLAPSE_RATIO = 0.1
-MIN_TREND_POINTS = 10
 
 
 @dataclass
@@ -268,79 +263,6 @@ def student_truncation(rec: RunRecord) -> list[Finding]:
         )
         out += [f] if f else []
     return out
-
-
-def _rel_change(s: Series) -> float:
-    level = abs(float(np.nanmean(s.values)))
-    span = float(s.steps[-1] - s.steps[0])
-    return s.slope() * span / level if level > 0 and span > 0 else 0.0
-
-
-def flat_since(s: Series) -> int | None:
-    """The earliest step from which the rest of the curve changes by less than 2% (None: not flat)."""
-    n = len(s)
-    for frac in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8):
-        tail = Series(s.key, s.steps[int(n * frac) :], s.values[int(n * frac) :])
-        if len(tail) >= 3 and abs(_rel_change(tail)) < FLAT_REL_CHANGE:
-            return int(tail.steps[0])
-    return None
-
-
-def plateau(rec: RunRecord) -> list[Finding]:
-    loss = rec.get("train/ce_loss") or rec.get("train/loss")
-    grad = rec.get("train/grad_norm")
-    evidence: list[Evidence] = []
-    flat = collapsed = False
-    since = None
-    if loss is not None and len(loss) >= MIN_TREND_POINTS:
-        tail = loss.window(0.2, last=True, min_points=5)
-        rel = _rel_change(tail)
-        if abs(rel) < FLAT_REL_CHANGE and abs(tail.mean()) > 1e-3:
-            flat = True
-            since = flat_since(loss)
-            evidence.append(
-                Evidence(
-                    f"{loss.key} slope",
-                    f"{tail.slope():+.2e}/step",
-                    tail.span(),
-                    f"relative change {rel:+.2%} over the window at level {fmt(tail.mean())}",
-                )
-            )
-            if since is not None:
-                evidence.append(
-                    Evidence(f"{loss.key} flat since", f"step {since}", note="< 2% change from there on")
-                )
-    if grad is not None and len(grad) >= MIN_TREND_POINTS:
-        head, tail = grad.window(0.2, last=False), grad.window(0.2, last=True)
-        ratio = tail.median() / head.median() if head.median() > 0 else math.nan
-        if ratio < GRAD_COLLAPSE_RATIO:
-            collapsed = True
-            evidence.append(Evidence("train/grad_norm", head.median(), head.span(), "median, start"))
-            evidence.append(
-                Evidence("train/grad_norm", tail.median(), tail.span(), f"median, end: {pct(ratio)} of start")
-            )
-    if not (flat or collapsed):
-        return []
-    what = " and ".join(w for w, on in (("loss plateau", flat), ("grad_norm collapse", collapsed)) if on)
-    fixes: list[Fix] = []
-    lr = rec.cfg("optim.lr")
-    if since is not None and since < rec.train_steps():
-        fixes.append(Fix("optim.max_steps", str(since), "steps after the plateau bought no training signal"))
-    if isinstance(lr, int | float) and not collapsed:
-        fixes.append(Fix("optim.lr", fmt(3 * lr), "if eval is flat too, the step size is the limit"))
-    return [
-        Finding(
-            name="training_stalled",
-            severity=Severity.WARNING,
-            title=f"training stalled: {what}",
-            evidence=evidence,
-            why="The optimiser has stopped finding signal in the targets. With truncated or narrow supervision "
-            "this is the student having learned all there is (reference DAPO-Math ROSE: ce_loss slope -0.00012 "
-            "from step 31, grad_norm down to 0.18, eval falling); otherwise updates may be too small.",
-            fixes=fixes,
-            advice="fix supervision findings (teacher truncation, coverage) first; they change what there is to learn",
-        )
-    ]
 
 
 _STATUS_PHRASE = {

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from distill.diagnose import Severity, diagnose, load_run
-from distill.diagnose.rules import coverage, plateau, run_status, student_truncation, teacher_truncation
+from distill.diagnose.dynamics import plateau
+from distill.diagnose.rules import coverage, run_status, student_truncation, teacher_truncation
 
 from .conftest import MakeRun
 from .fake_runs import HEALTHY_CONFIG, eval_rows, healthy_metrics, series_rows
