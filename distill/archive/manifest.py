@@ -1,5 +1,5 @@
-"""`manifest.json`: what it takes to re-create a run (config, versions, seeds, hardware, argv), and
-what it started from: the content hashes (or hub revisions) of the student's and teacher's
+"""`manifest.json`: what it takes to re-create a run (config, versions, seeds, hardware, argv), where
+each model ran (`models.<role>.device`), and what it started from: the content hashes (or hub revisions) of the student's and teacher's
 weights, tokenizer files and chat template (`start`), and the diff of a dirty git tree (`git`).
 `distill reproduce` refuses to re-run when the starting weights differ (`start_differences`).
 
@@ -92,9 +92,27 @@ def hardware() -> dict[str, Any]:
     return info
 
 
+def model_record(engine: Engine, worker_device: str | None = None) -> dict[str, Any]:
+    """What the manifest says of one model: its engine's `describe()`, always with a `device`
+    (where it ran: `cpu`, `cuda:N`, or `server` for a model behind an HTTP server), and with
+    `worker_device` where a worker process held a copy of it (rollout.async_teacher)."""
+    record = dict(engine.describe())
+    record.setdefault("device", "server" if record.get("engine") == "server" else "unknown")
+    if worker_device is not None:
+        record["worker_device"] = worker_device
+    return record
+
+
 def build_manifest(
-    config: RunConfig, argv: list[str], mlflow_run_id: str, student: Engine, teacher: Engine
+    config: RunConfig,
+    argv: list[str],
+    mlflow_run_id: str,
+    student: Engine,
+    teacher: Engine,
+    teacher_worker_device: str | None = None,
 ) -> dict[str, Any]:
+    """The manifest of a run about to train; `teacher_worker_device`: where the teacher's worker
+    process scores (rollout.async_teacher with the hf engine), None without one."""
     from distill.tracking.mlflow import git_tags
 
     git = git_tags()
@@ -106,7 +124,7 @@ def build_manifest(
         "git": {"sha": git.get("git.sha"), "dirty": git.get("git.dirty"), **git_diff(git.get("git.dirty"))},
         "packages": package_versions(),
         "hardware": hardware(),
-        "models": {"student": student.describe(), "teacher": teacher.describe()},
+        "models": {"student": model_record(student), "teacher": model_record(teacher, teacher_worker_device)},
         "start": start_pins(
             {
                 role: (str(engine.describe().get("path") or ""), engine.tokenizer.chat_template)

@@ -1,7 +1,8 @@
 """The transformers engine: chat rendering, batched generation and teacher scoring on one device.
 
 This is the CPU default for student rollouts in eval and for teacher work (scoring the student's
-tokens, writing teacher trajectories). Lengths are checked, never silently cut.
+tokens, writing teacher trajectories). Lengths are checked, never silently cut. The model sits on
+the device `load` is given (engines/placement.py decides which); inputs follow it there.
 """
 
 from __future__ import annotations
@@ -50,7 +51,11 @@ class HFEngine(ChatPrompts):
             raise ValueError(f"tokenizer of {model.name_or_path!r} has no pad token")
 
     @classmethod
-    def load(cls, path: str, precision: str = "fp32", enable_thinking: bool | None = None) -> HFEngine:
+    def load(
+        cls, path: str, precision: str = "fp32", enable_thinking: bool | None = None, device: str = "cpu"
+    ) -> HFEngine:
+        """The model and tokenizer at `path`, in `precision`, on `device` (a torch device string:
+        engines/placement.py decides it from the config's `device` field)."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -68,6 +73,8 @@ class HFEngine(ChatPrompts):
                 model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype).merge_and_unload()
             else:
                 model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        if torch.device(device) != model.device:
+            model.to(device)
         model.eval()
         return cls(model, tokenizer, enable_thinking)
 
@@ -87,6 +94,8 @@ class HFEngine(ChatPrompts):
             "params": sum(p.numel() for p in model.parameters()),
             "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
             "vocab": len(self.tokenizer),
+            # Where the weights are when asked (the manifest's `models.<role>.device`).
+            "device": str(next(model.parameters()).device),
         }
 
     @property

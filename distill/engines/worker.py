@@ -2,8 +2,12 @@
 and trains (`rollout.async_teacher` with `teacher.engine=hf`).
 
 The worker loads the model itself (spawned, so it shares no CUDA context or thread pool with the
-trainer) and answers `score` requests over a pipe; tensors come back through torch's shared
-memory. It exits when asked, when its parent's end of the pipe closes, or with its parent.
+trainer) on its own device (engines/placement.py: a GPU no trainer uses, else the trainer's, else
+the CPU) and answers `score` requests over a pipe; tensors come back through torch's shared
+memory on the host. Scores made on a GPU are copied to the host first: sent as CUDA tensors they
+would pin the worker's blocks until the trainer frees them (torch's CUDA IPC), and the trainer
+moves the teacher's scores to its own device anyway. It exits when asked, when its parent's end
+of the pipe closes, or with its parent.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ if TYPE_CHECKING:
 START_TIMEOUT_S = 600.0
 
 
-def _serve(conn: Any, path: str, precision: str, enable_thinking: bool | None, threads: int | None) -> None:
+def _serve(
+    conn: Any, path: str, precision: str, enable_thinking: bool | None, threads: int | None, device: str
+) -> None:
     import torch
 
     from distill.engines.hf import HFEngine
@@ -26,8 +32,9 @@ def _serve(conn: Any, path: str, precision: str, enable_thinking: bool | None, t
     try:
         if threads:
             torch.set_num_threads(threads)
-        engine = HFEngine.load(path, precision, enable_thinking)
-        conn.send(("ready", None))
+        engine = HFEngine.load(path, precision, enable_thinking, device=device)
+        on_host = engine.model.device.type == "cpu"
+        conn.send(("ready", str(engine.model.device)))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, then this process ends
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
@@ -40,7 +47,8 @@ def _serve(conn: Any, path: str, precision: str, enable_thinking: bool | None, t
             return
         kwargs = request
         try:
-            conn.send(("ok", engine.score(**kwargs)))
+            scores = engine.score(**kwargs)
+            conn.send(("ok", scores if on_host else scores.to("cpu")))
         except Exception as exc:  # noqa: BLE001 - the parent raises it on its side
             conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"))
 
@@ -55,8 +63,10 @@ class WorkerEngine:
         enable_thinking: bool | None = None,
         threads: int | None = None,
         wait: bool = True,
+        device: str = "cpu",
     ):
-        """Spawn the worker; with `wait=False` return at once and let the first `score` (or
+        """Spawn the worker, its model on `device` (a torch device string: placement.place with
+        role "teacher_worker"); with `wait=False` return at once and let the first `score` (or
         `wait_ready`) wait for the model to load, so the caller's own set-up overlaps it."""
         import torch.multiprocessing as mp
 
@@ -64,7 +74,7 @@ class WorkerEngine:
         self._conn, child = context.Pipe()
         self._proc = context.Process(
             target=_serve,
-            args=(child, path, precision, enable_thinking, threads),
+            args=(child, path, precision, enable_thinking, threads, device),
             name="distill-teacher",
             daemon=True,
         )
@@ -72,6 +82,7 @@ class WorkerEngine:
         child.close()
         self._path = path
         self._ready = False
+        self._device: str | None = None
         if wait:
             self.wait_ready()
 
@@ -87,6 +98,14 @@ class WorkerEngine:
             self.close()
             raise RuntimeError(f"teacher worker could not load {self._path}: {value}")
         self._ready = True
+        self._device = value
+
+    @property
+    def device(self) -> str:
+        """Where the worker's model is (waits for it to load): the manifest's worker device."""
+        self.wait_ready()
+        assert self._device is not None
+        return self._device
 
     def score(
         self,

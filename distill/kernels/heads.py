@@ -34,24 +34,57 @@ Public API
 * `head_topk(hidden, weight, bias, k)` -> (ids_N_k, logprobs_N_k), no grad.
 * `select_positions` / `scatter_positions`: [B, T, ...] <-> [N, ...] by a mask.
 * `output_head(model)` -> (weight, bias) of an HF causal LM, refusing heads it cannot reproduce.
-* `default_chunk_rows(V)`: rows per chunk so one fp32 [chunk, V] block is ~CHUNK_BYTES.
+* `default_chunk_rows(V, device)`: rows per chunk for that device (below), the same for every
+  call of a run on it: a caller logs it once.
+
+Chunk size per device: on the CPU one fp32 [chunk, V] block is ~CHUNK_BYTES (128 MiB; time per
+row is flat from 64 to 4096 rows there, so bigger blocks buy nothing). On a GPU small blocks
+leave it idle between kernel launches: on an H200 at V = 151,936, 2,048-row blocks (1.16 GiB)
+were 3-8% faster per training step than the CPU's 220 (../shared/tools/gpu/2026-12-04-h200.md),
+so a GPU block is up to GPU_CHUNK_BYTES and never more than 1/64 of the device's memory, in a
+power-of-two number of rows (whole matmul tiles). The loop itself makes no host sync on CUDA: no
+`.item()`, `.tolist()`, boolean indexing or data-dependent shape (tests/kernels/test_heads.py).
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import torch
 from torch import Tensor
 
-# 128 MiB fp32 blocks: 220 rows at V=151,936 (CPU time per row is flat from 64 to 4096 rows, so
-# bigger blocks buy nothing) and one chunk of 33k rows at V~1000, where chunking costs nothing.
+# CPU: 220 rows at V=151,936, one chunk of 33k rows at V~1000, where chunking costs nothing.
 CHUNK_BYTES = 128 * 2**20
+# GPU: 2,048 rows at V=151,936 on an 80-141 GB device (the measured best), fewer on a small one.
+GPU_CHUNK_BYTES = 1536 * 2**20
+GPU_MEMORY_SHARE = 64
 
 
-def default_chunk_rows(vocab: int) -> int:
-    """Rows per chunk so that one fp32 [rows, vocab] logits block is about `CHUNK_BYTES`."""
-    return max(1, CHUNK_BYTES // (4 * vocab))
+def gpu_chunk_rows(vocab: int, memory_bytes: int | None = None) -> int:
+    """Rows per chunk on a GPU with `memory_bytes` of memory (None: no cap but GPU_CHUNK_BYTES):
+    the largest power of two whose fp32 [rows, vocab] block fits the budget."""
+    budget = (
+        GPU_CHUNK_BYTES if memory_bytes is None else min(GPU_CHUNK_BYTES, memory_bytes // GPU_MEMORY_SHARE)
+    )
+    rows = max(1, budget // (4 * vocab))
+    return 1 << (rows.bit_length() - 1)
+
+
+@lru_cache(maxsize=16)
+def _cuda_memory(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).total_memory)
+
+
+def default_chunk_rows(vocab: int, device: torch.device | str | None = None) -> int:
+    """Rows per chunk of the head's passes on `device` (None: the CPU). CPU and any non-CUDA
+    device: one fp32 [rows, vocab] logits block is about `CHUNK_BYTES`; CUDA: `gpu_chunk_rows`
+    for that device's memory."""
+    where = torch.device(device) if device is not None else torch.device("cpu")
+    if where.type != "cuda":
+        return max(1, CHUNK_BYTES // (4 * vocab))
+    index = where.index if where.index is not None else torch.cuda.current_device()
+    return gpu_chunk_rows(vocab, _cuda_memory(index))
 
 
 def _native_fp32_out(a: Tensor, b: Tensor) -> bool:
@@ -152,6 +185,26 @@ def _forward_pass(
     return gathered_N_K, lse_N, top_ids_N_k, top_lp_N_k, entropy_N
 
 
+def _dlogits_block(
+    logits_C_V: Tensor,
+    lse_C: Tensor,
+    grad_lse_C: Tensor | None,
+    ids_C_K: Tensor,
+    grad_gathered_C_K: Tensor | None,
+    inv_temp: float,
+) -> Tensor:
+    """d loss / d raw logits of one chunk, built in the logits block itself (fp32, in place)."""
+    if grad_lse_C is None:
+        logits_C_V.zero_()
+    else:  # d lse / d logits = softmax(logits)
+        logits_C_V.sub_(lse_C[:, None]).exp_().mul_(grad_lse_C[:, None].float())
+    if grad_gathered_C_K is not None:  # scatter_add: repeated ids must sum, not overwrite
+        logits_C_V.scatter_add_(1, ids_C_K, grad_gathered_C_K.float())
+    if inv_temp != 1.0:  # logits = raw / T, so d raw = d logits / T
+        logits_C_V.mul_(inv_temp)
+    return logits_C_V
+
+
 def _backward_pass(
     ctx: Any, grad_gathered_N_K: Tensor | None, grad_lse_N: Tensor | None
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
@@ -175,15 +228,14 @@ def _backward_pass(
         for start in range(0, hidden_N_H.shape[0], chunk):
             rows = slice(start, start + chunk)
             hidden_C_H = hidden_N_H[rows].to(dtype)
-            dlogits_C_V = chunk_logits(hidden_C_H, weight_c_V_H, bias32_V, inv_temp, buf_R_V)
-            if grad_lse_N is None:
-                dlogits_C_V.zero_()
-            else:  # d lse / d logits = softmax(logits), built in the logits block itself
-                dlogits_C_V.sub_(lse_N[rows, None]).exp_().mul_(grad_lse_N[rows, None].float())
-            if grad_gathered_N_K is not None:  # scatter_add: repeated ids must sum, not overwrite
-                dlogits_C_V.scatter_add_(1, ids_N_K[rows], grad_gathered_N_K[rows].float())
-            if inv_temp != 1.0:  # logits = raw / T, so d raw = d logits / T
-                dlogits_C_V.mul_(inv_temp)
+            dlogits_C_V = _dlogits_block(
+                chunk_logits(hidden_C_H, weight_c_V_H, bias32_V, inv_temp, buf_R_V),
+                lse_N[rows],
+                None if grad_lse_N is None else grad_lse_N[rows],
+                ids_N_K[rows],
+                None if grad_gathered_N_K is None else grad_gathered_N_K[rows],
+                inv_temp,
+            )
             if grad_bias_V is not None:
                 grad_bias_V.add_(dlogits_C_V.sum(dim=0))
             # CUDA half path: d_logits is multiplied in the matmul dtype, as autograd would.
@@ -249,7 +301,9 @@ def _run(
         raise ValueError(f"want hidden [N, H], ids [N, K]; got {hidden_N_H.shape}, {ids_N_K.shape}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    chunk = chunk_size if chunk_size is not None else default_chunk_rows(weight_V_H.shape[0])
+    chunk = (
+        chunk_size if chunk_size is not None else default_chunk_rows(weight_V_H.shape[0], hidden_N_H.device)
+    )
     if chunk < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk}")
     ids_N_K = ids_N_K.long()

@@ -270,3 +270,11 @@ def test_continue_generate_drops_a_cache_that_is_not_a_prefix(engine: HFEngine) 
     comp, cache_b = engine.continue_generate(b, cache_a, max_new_tokens=3)
     assert comp == engine.generate([b], max_new_tokens=3)[0]
     assert cache_b.ids[: len(b)] == b
+
+
+def test_load_puts_the_model_on_its_device_and_describes_it(engine: HFEngine, tiny_zoo: Any) -> None:
+    assert engine.describe()["device"] == "cpu"
+    # The meta device stands in for a GPU here: load moves the weights wherever it is told.
+    moved = HFEngine.load(str(tiny_zoo.teacher), device="meta")
+    assert {p.device.type for p in moved.model.parameters()} == {"meta"}
+    assert moved.describe()["device"] == "meta"

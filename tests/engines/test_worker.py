@@ -19,6 +19,7 @@ def test_worker_scores_like_the_engine_and_names_its_errors(tiny_zoo: Any) -> No
     completions = [local.tokenizer.encode("1 2 3")[:5], local.tokenizer.encode("7")[:5]]
     worker = WorkerEngine(str(tiny_zoo.teacher), threads=1)
     try:
+        assert worker.device == "cpu"
         remote = worker.score(prompts, completions, top_k=3, states=True)
         expected = local.score(prompts, completions, top_k=3, states=True)
         assert remote.lengths() == [len(c) for c in completions]

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from distill.kernels.heads import (
     default_chunk_rows,
+    gpu_chunk_rows,
     head_gather,
     head_gather_topk,
     head_topk,
@@ -316,6 +317,49 @@ def test_positions_round_trip_and_empty_input() -> None:
 def test_default_chunk_is_one_chunk_for_small_vocabularies() -> None:
     assert default_chunk_rows(1000) >= 32 * 1024  # embedded / test models: no chunking overhead
     assert 128 <= default_chunk_rows(151_936) <= 512  # Qwen: a ~128 MiB fp32 block
+
+
+def test_the_cpu_chunk_is_what_it_was_and_a_gpu_takes_bigger_blocks() -> None:
+    # The CPU's rows, bit for bit as before the GPU sizing: 128 MiB // (4 V).
+    for vocab in (97, 1000, 32_000, 151_936):
+        assert default_chunk_rows(vocab) == default_chunk_rows(vocab, "cpu") == 2**27 // (4 * vocab)
+        assert default_chunk_rows(vocab, torch.device("meta")) == 2**27 // (4 * vocab)
+    assert default_chunk_rows(151_936, "cpu") == 220
+    # A GPU: power-of-two rows, up to 1.5 GiB blocks and 1/64 of its memory.
+    assert gpu_chunk_rows(151_936, 141 * 10**9) == 2048  # H200: the measured best
+    assert gpu_chunk_rows(151_936, 80 * 10**9) == 2048  # H100: a 1.16 GiB block
+    assert gpu_chunk_rows(151_936, 24 * 10**9) == 512
+    assert gpu_chunk_rows(151_936) == 2048
+    assert gpu_chunk_rows(32_000, 80 * 10**9) == 8192
+    assert gpu_chunk_rows(10**9, 10**9) == 1  # never below one row
+    for vocab, memory in ((151_936, 141 * 10**9), (1000, 8 * 10**9), (50_257, 40 * 10**9)):
+        rows = gpu_chunk_rows(vocab, memory)
+        assert rows & (rows - 1) == 0 and rows * 4 * vocab <= min(1536 * 2**20, memory // 64)
+        assert rows * 2 * 4 * vocab > min(1536 * 2**20, memory // 64)  # the largest that fits
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only: the device's chunk and host syncs")
+def test_cuda_chunk_loop_makes_no_host_sync() -> None:
+    """On CUDA the default chunk is the GPU's, and the chunk loop's forward and backward run with
+    torch's sync debug mode set to error: no .item(), .tolist() or data-dependent shape inside."""
+    device = torch.device("cuda")
+    memory = torch.cuda.get_device_properties(device).total_memory
+    assert default_chunk_rows(151_936, device) == gpu_chunk_rows(151_936, memory)
+    # CUDA leaves: a gradient flowing back to a CPU tensor would be a (legitimate) sync.
+    hidden_N_H, weight_V_H, bias_V, ids_N_K = make(bias=True)
+    assert bias_V is not None
+    hidden_N_H, weight_V_H, bias_V = (
+        t.detach().cuda().requires_grad_() for t in (hidden_N_H, weight_V_H, bias_V)
+    )
+    ids_N_K = ids_N_K.cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        gathered_N_K, lse_N, _, _ = head_gather_topk(hidden_N_H, weight_V_H, bias_V, ids_N_K, 4, chunk_size=7)
+        (gathered_N_K - lse_N[:, None]).sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert hidden_N_H.grad is not None and bool(hidden_N_H.grad.isfinite().all())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only: the fp32-output half matmul")
