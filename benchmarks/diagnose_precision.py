@@ -49,11 +49,13 @@ class Plant:
 
 OPD = ("--domain", "rlve", "--method", "opd")
 ROSE = ("--domain", "rlve", "--method", "rose")
+SFT = ("--domain", "rlve", "--method", "sft")
 TEMPLATE_FILE = "other-template.jinja"
 
 PLANTS: tuple[Plant, ...] = (
     Plant("control-opd", OPD, (), "the OPD preset at the short settings", control=True),
     Plant("control-rose", ROSE, (), "the ROSE preset at the short settings", control=True),
+    Plant("control-sft", SFT, (), "the SFT preset at the short settings", control=True),
     Plant(
         "teacher-budget",
         (*ROSE, "method.teacher_max_tokens=4"),
@@ -68,9 +70,9 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "lr-collapse",
-        (*OPD, "optim.lr=0.05", "optim.scheduler=constant"),
+        (*SFT, "optim.lr=0.05"),
         ("eval_regression",),
-        "lr 0.05 at a constant schedule (the preset: 1.2e-3, cosine)",
+        "SFT at lr 0.05 (the preset: 3e-4); SFT because OPD's preset dips before it climbs at 30 steps",
     ),
     Plant(
         "thinking-mismatch",
@@ -106,9 +108,9 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "eval-regression",
-        (*OPD, "method.loss=token_reward_direct", "method.coef=-1", "optim.scheduler=constant"),
+        (*SFT, "method.temperature=3.0", "method.keep_verified_only=false"),
         ("eval_regression",),
-        "the advantage's sign flipped (coef -1): the student is pushed away from its teacher",
+        "SFT on the teacher's trajectories sampled at temperature 3, unverified: noise as targets",
     ),
     Plant(
         "rollout-truncation",
@@ -372,10 +374,12 @@ def make_plants(plants: list[Plant], faults: Path, remake: bool) -> None:
         print(f"[{plant.name}] {' '.join(cmd[3:])}", flush=True)
         start = time.perf_counter()
         proc = subprocess.run(cmd, env=_env(faults), capture_output=True, text=True)
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
-        print(
-            f"[{plant.name}] exit {proc.returncode} in {time.perf_counter() - start:.0f} s  {tail[0][:160]}"
-        )
+        said = [
+            ln.strip() for ln in proc.stdout.splitlines() if ln.strip().startswith(("student ", "diagnose "))
+        ]
+        said = said or (proc.stderr.strip().splitlines() or [""])[-1:]
+        took = time.perf_counter() - start
+        print(f"[{plant.name}] exit {proc.returncode} in {took:.0f} s; " + "; ".join(said)[:300], flush=True)
         (faults / "logs").mkdir(exist_ok=True)
         (faults / "logs" / f"{plant.name}.log").write_text(proc.stdout + proc.stderr)
 
