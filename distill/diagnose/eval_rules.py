@@ -247,7 +247,8 @@ def eval_regression(rec: RunRecord) -> list[Finding]:
                 name=f"eval_regression:{bench}",
                 severity=Severity.INFO if noise else severity,
                 title=f"{bench}: eval {name} fell from {_level(name, a0)} to {_level(name, worst)} (step {worst_step}); "
-                f"ends at {_level(name, last)}" + (f" (within {NOISE_SE:g} standard errors)" if noise else ""),
+                f"ends at {_level(name, last)}"
+                + (f" (within {NOISE_SE:g} standard errors)" if noise else ""),
                 evidence=evidence,
                 why="Training made the student worse than where it started: the update direction is harmful "
                 "(too large a learning rate for the gradient's noise, or a signal the student cannot use).",
