@@ -55,8 +55,8 @@ class ModelRecipe(BaseModel):
     episode_loss: Literal["turns", "all"] = "turns"
     # Share of training items also seen with OPSD's privileged prompt (the reference template
     # around problem and solution): a model that never read one has no privileged view to
-    # distil from (rlve opsd 45% -> 0% before). Episodic domains: the gold episode with the
-    # task's gold plan in its first user message (zoo/episodes.py).
+    # distil from (OPSD on the plain zoo student: docs/grid.md). Episodic domains: the gold
+    # episode with the task's gold plan in its first user message (zoo/episodes.py).
     privileged_share: float = Field(0.0, ge=0, le=1)
     # Where that privileged view draws its items: the first `privileged_items` training items
     # (None: the plain view's, `data_items`). Reading a solution is a skill learnt across many
@@ -101,8 +101,9 @@ def student_shape(**fields: Any) -> ModelRecipe:
 RECIPES: dict[str, Recipe] = {
     "tok-qwen": TokenizerRecipe(family="qwen", vocab_size=1024),
     "tok-llama": TokenizerRecipe(family="llama", vocab_size=1280),
-    # Packed: 28% less time per step than padded rows (291 vs 405 s at 1 thread), 97.5% vs 99.0%
-    # (docs/grid.md). teacher-llama keeps its padded build, so docs/cross_family.md's numbers hold.
+    # Packed: 28% less time per step than padded rows (291 vs 405 s at 1 thread), at about the
+    # padded build's accuracy (docs/grid.md). teacher-llama keeps its padded build, so
+    # docs/cross_family.md's numbers hold.
     # RLVE's own (DOMAIN_RECIPES) trains 250 steps.
     "teacher": teacher_shape(steps=400, lr=3e-3, batch_size=64, corrupt_prob=0.3, pack=True),
     # The other tokenizer family: with zoo:student it is the cross-family pair (ROSE via the bridge).
@@ -111,10 +112,9 @@ RECIPES: dict[str, Recipe] = {
     ),
     "student": student_shape(steps=300, lr=3e-3, batch_size=32, data_items=256),
     # The student's 256 items, and every training item under OPSD's privileged prompt: a model
-    # that reads the solution (privileged: rlve 100.0%, dapo 99.0%) and is as weak as the zoo
-    # student without it (45.0%, 11.5%), so OPSD has a teacher to distil from. With the
-    # privileged view of its own 256 items only it half memorised them instead (rlve 69.5 / 76.0%,
-    # dapo 29.5 / 26.0%; docs/grid.md). SciWorld has its own below.
+    # that reads the solution and is as weak as the zoo student without it, so OPSD has a teacher
+    # to distil from. With the privileged view of its own 256 items only it half memorised them
+    # instead (docs/grid.md, "OPSD on its own student"). SciWorld has its own below.
     "student-privileged": student_shape(
         steps=900, lr=3e-3, batch_size=32, data_items=256, privileged_share=1.0, privileged_items=4096
     ),
@@ -143,7 +143,7 @@ _SCIWORLD_STUDENT = student_shape(
 # training item is played once more through the simulator with a mistaken action before one gold
 # turn (`detour_share`, zoo/detours.py): a teacher that has read broken episodes and goes on from
 # a student's mistakes. Batches of 4 episodes: 300 updates were what the gold episodes alone
-# needed (150 of 8: Success 22.5%); 500 for the ~1.8x episodes with the detours.
+# needed (150 of 8 fell far short: docs/sciworld.md); 500 for the ~1.8x episodes with the detours.
 _SCIWORLD_TEACHER = teacher_shape(
     steps=500,
     lr=5e-3,
@@ -156,25 +156,22 @@ _SCIWORLD_TEACHER = teacher_shape(
     detour_share=1.0,
 )
 DOMAIN_RECIPES: dict[str, dict[str, Recipe]] = {
-    # RLVE: `make run`'s teacher at 250 of the 400 steps, for a shorter first run: 96.5% instead
-    # of 97.5%, built in 166 s instead of 258 s; OPD's preset then lifts the student to 72.5%
-    # instead of 75.5%. At 300 steps: 98.0%, 72.0%; at lr 4e-3 the 250-step teacher reached
-    # only 73.0% (docs/grid.md).
+    # RLVE: `make run`'s teacher at 250 of the 400 steps, for a shorter first run: built in 166 s
+    # instead of 258 s, a point or two less accurate, and OPD's preset lifts the student about
+    # as far (docs/grid.md, "`make run` in less work").
     "rlve": {"teacher": RECIPES["teacher"].model_copy(update={"steps": 250})},
     "sciworld": {
-        # Without the detours (300 steps) the teacher reached Score 0.841 / Success 75% but,
-        # inside an OPD student's loops, repeated the student's action or wrote none: it
-        # finished 12.5% of the episodes an OPD student began (4 turns), this one 60%. ROSE
-        # with it +0.247 (+0.172 before), SFT +0.328 with `valid_turns_only`, OPD +0.016
-        # (+0.027 before), two seeds each at 160 steps on the deterministic zoo; at the presets'
-        # 320 steps OPD +0.186, ROSE +0.286, SFT +0.461 (docs/grid.md).
+        # Without the detours (300 steps) the teacher scored higher on its own but, inside an
+        # OPD student's loops, repeated the student's action or wrote none: it finished far
+        # fewer of the episodes an OPD student began, and ROSE learnt less from it (docs/grid.md,
+        # "a teacher that goes on from a student's mistakes").
         "teacher": _SCIWORLD_TEACHER,
         "student": _SCIWORLD_STUDENT,
         # OPSD's student: the student's slice, plus every training episode with its gold plan at
         # the end of every user message, as OPSD's teacher reads it (`privileged_every_turn`; 300
-        # steps: 8x the episodes). Plain view 0.324 against the student's 0.241; with the plan
-        # once in the first message instead its plain view learnt to act (0.620-0.645) and its
-        # two views hardly differed, which left OPSD no signal (docs/sciworld.md).
+        # steps: 8x the episodes). With the plan once in the first message instead its plain
+        # view learnt to act and its two views hardly differed, which left OPSD no signal
+        # (docs/sciworld.md).
         "student-privileged": _SCIWORLD_STUDENT.model_copy(
             update={
                 "steps": 300,
