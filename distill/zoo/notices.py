@@ -43,7 +43,7 @@ def remove_stale_builds(target: Path) -> list[Path]:
     return removed
 
 
-# Build times measured on a 2-core CPU (README "Measured", docs/dapo.md, docs/sciworld.md), per
+# Build times measured on a 2-core CPU (docs/results.md, docs/dapo.md, docs/sciworld.md), per
 # domain, for entries never built here before: a sciworld student takes three times rlve's.
 TYPICAL_SECONDS: dict[str, dict[str, float]] = {
     "rlve": {

@@ -24,7 +24,7 @@ THINGS = ("apples", "books", "coins", "cards", "pens", "shells", "stamps", "eggs
 
 # Operands stay small (1-5, doubling, halving) and values at most `max_value` (20 by default):
 # about 250 distinct arithmetic facts, which a 2-layer d128 model learns from the zoo's 400 steps.
-# With 2-digit operands and values to 99 (~4,000 facts) the same teacher reached 18% (measured).
+# With 2-digit operands and values to 99 (~4,000 facts) the same teacher did not (docs/dapo.md).
 MAX_OPERAND = 5
 
 

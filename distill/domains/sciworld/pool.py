@@ -28,8 +28,8 @@ from distill.launch import set_parent_death_signal
 
 # The simulator's gold paths depend on JVM identity hash codes (hash-ordered collections), drawn
 # in sequence, so on what the JVM loaded before: 3 of the 186 training items took the greenhouse
-# or the kitchen, six materialisations gave six training sets, and two zoo builds whose OPD and
-# ROSE lifts differed by 0.16 and 0.24 Score (docs/sciworld.md). One constant identity hash makes
+# or the kitchen, six materialisations gave six training sets, and two builds of the same zoo
+# recipes taught OPD and ROSE by different amounts (docs/grid.md). One constant identity hash makes
 # every JVM play the same whatever it loaded; gold plays ~20% slower, negligible beside a model.
 JVM_DETERMINISM = "-XX:+UnlockExperimentalVMOptions -XX:hashCode=2"
 
