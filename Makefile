@@ -6,7 +6,16 @@ export MLFLOW_DISABLE_TELEMETRY ?= true
 export DVC_NO_ANALYTICS ?= 1
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install run test lint clean
+# vLLM runs in its own venv (it pins its own torch and transformers); the teacher-server tests
+# (tests/engines/test_server_vllm.py) start a real `vllm serve` from it. `make test` builds it once
+# per clone (scripts/vllm-env.sh: ~8 min and 3.5 GB on 2 busy cores, pip's cache cold or warm), so the
+# test command runs the whole suite; VLLM=0 skips the build, and `make test` says up front which
+# tests will skip and how to enable them. DISTILL_VLLM_VENV / DISTILL_VLLM_PYTHON point elsewhere.
+VLLM ?= 1
+VLLM_VENV ?= $(or $(DISTILL_VLLM_VENV),.venv-vllm)
+VLLM_TESTS := the vLLM server tests (tests/engines/test_server_vllm.py)
+
+.PHONY: install run test lint clean vllm-env vllm-for-tests
 
 install: $(VENV)/.installed
 
@@ -35,8 +44,25 @@ $(VENV)/.compiled: $(VENV)/.installed
 run: install
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/distill run --domain rlve --method opd
 
-test: $(VENV)/.compiled
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+vllm-env:
+	PYTHON=$(PYTHON) bash scripts/vllm-env.sh $(VLLM_VENV)
+
+# Never fails the test run: a build that cannot finish (no network) leaves no half venv behind,
+# and the line before the run says which tests will skip. A venv that already has vLLM is used
+# as it is (the tests look for bin/vllm in it, as distill/engines/vllm_server.py does).
+vllm-for-tests:
+ifeq ($(VLLM),0)
+	@echo "make test: VLLM=0: $(VLLM_TESTS) will skip; \`make vllm-env\` enables them"
+else
+	@if [ -z "$$DISTILL_VLLM_PYTHON" ] && [ ! -f "$(VLLM_VENV)/.installed" ] && [ ! -e "$(VLLM_VENV)/bin/vllm" ]; then \
+	  echo "make test: building the vLLM environment $(VLLM_TESTS) need, once: $(VLLM_VENV)"; \
+	  PYTHON=$(PYTHON) bash scripts/vllm-env.sh $(VLLM_VENV) || { rm -rf "$(VLLM_VENV)"; \
+	    echo "make test: no vLLM environment: $(VLLM_TESTS) will skip; \`make vllm-env\` retries"; }; \
+	fi
+endif
+
+test: $(VENV)/.compiled vllm-for-tests
+	HF_HUB_OFFLINE=1 DISTILL_VLLM_VENV=$(abspath $(VLLM_VENV)) $(BIN)/python -m pytest -q
 
 lint: install
 	$(BIN)/ruff check distill tests
