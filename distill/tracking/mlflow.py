@@ -33,7 +33,7 @@ STATUSES = ("FINISHED", "FAILED", "KILLED")
 SQLITE_PREFIX = "sqlite:///"
 # Tags a resumed run's fresh MLflow run does not take over from the run it replaces: how that
 # attempt ended is not how this one will.
-NOT_INHERITED = ("distill.error", "distill.status", "mlflow.runName")
+NOT_INHERITED = ("distill.error", "distill.status", "distill.replaced_by", "mlflow.runName")
 
 
 def is_server(uri: str) -> bool:
@@ -327,22 +327,32 @@ def _inherited_tags(client: MlflowClient, run_id: str) -> dict[str, str]:
 
 
 def retire_runs(uri: str, run_ids: list[str], successor: str) -> list[str]:
-    """Delete the runs a resumed run replaced (MLflow cannot delete metric points, so a resume
-    starts a fresh run); their nested runs (e.g. `distill eval` of a checkpoint) move under
-    `successor`. Returns the ids that could not be deleted."""
-    from mlflow.entities import ViewType
+    """End and delete the runs a resumed run replaced (MLflow cannot delete metric points, so a
+    resume starts a fresh run); their nested runs (e.g. `distill eval` of a checkpoint) move under
+    `successor`. Returns the ids that could not be deleted.
+
+    A replaced run still RUNNING (its process was SIGKILLed, or `--resume` took over a run the
+    store never heard the end of) is ended KILLED, now, before it is deleted: left RUNNING with no
+    end time it would look live to anything that lists runs by status, deleted ones included.
+    One that already ended keeps how and when it ended (FAILED says more than KILLED)."""
+    from mlflow.entities import RunStatus, ViewType
     from mlflow.exceptions import MlflowException
 
     client = client_for(uri)
     left = []
     for run_id in run_ids:
         try:
-            experiment_id = client.get_run(run_id).info.experiment_id
+            info = client.get_run(run_id).info
+            if info.lifecycle_stage == "deleted":  # an earlier resume got this far
+                continue
             # Run ids are MLflow's own hex ids: safe inside a filter string.
             for child in client.search_runs(
-                [experiment_id], f"tags.mlflow.parentRunId = '{run_id}'", ViewType.ACTIVE_ONLY
+                [info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'", ViewType.ACTIVE_ONLY
             ):
                 client.set_tag(child.info.run_id, "mlflow.parentRunId", successor)
+            client.set_tag(run_id, "distill.replaced_by", successor)
+            if info.end_time is None or not RunStatus.is_terminated(RunStatus.from_string(info.status)):
+                client.set_terminated(run_id, status="KILLED", end_time=int(time.time() * 1000))
             client.delete_run(run_id)
         except MlflowException as exc:
             if "RESOURCE_DOES_NOT_EXIST" not in str(getattr(exc, "error_code", "")):

@@ -8,9 +8,9 @@ buffered writes:
   store that refuses them costs a warning line, never the run's own outcome or error;
 - `--resume` trims `metrics.jsonl` to the checkpoint and trains those steps again. MLflow cannot
   delete metric points, so the resumed run gets a fresh MLflow run (same name, experiment, params,
-  tags and parent) that the trimmed file is replayed into, and the old one is deleted
-  (`adopt_fresh_run`). The new id goes into `summary.json` before anything else: readers of
-  `mlflow_run_id` (archive, reproduce, diagnose) follow it;
+  tags and parent) that the trimmed file is replayed into, and the old one is ended (KILLED, if
+  it was still RUNNING) and deleted (`adopt_fresh_run`). The new id goes into `summary.json`
+  before anything else: readers of `mlflow_run_id` (archive, reproduce, diagnose) follow it;
 - a run killed with SIGKILL recorded nothing: `repair_run` (`distill runs --repair`) marks it DIED,
   sends the points the tracker still held and logs its files. Up to that moment the MLflow run
   holds a subset of the file (a point is written to the file before it is queued for MLflow), so
@@ -65,7 +65,7 @@ def adopt_fresh_run(
     run: RunDir, tracker: MlflowTracker, summary: dict[str, Any], replaced: list[str], say: Say
 ) -> None:
     """Make `tracker`'s new MLflow run the run's record: replay the (trimmed) metrics.jsonl,
-    point summary and manifest at it, log the files so far, delete the runs it replaces.
+    point summary and manifest at it, log the files so far, end and delete the runs it replaces.
 
     `replaced` stays in summary.json (`mlflow_superseded`) until they are deleted, so a resume
     that dies half-way deletes them next time."""

@@ -137,6 +137,43 @@ def test_a_resume_replays_the_trimmed_file_into_a_fresh_run_that_replaces_the_ol
     again.finish("FINISHED")
 
 
+def test_a_resume_ends_the_runs_it_replaces_before_deleting_them(made: Any) -> None:
+    """A SIGKILLed attempt's MLflow run is still RUNNING with no end time: the resume ends it
+    KILLED, now, then deletes it. An attempt that had ended (here FAILED, a while ago) keeps how
+    and when it ended."""
+    import time
+
+    from mlflow.entities import Metric
+
+    settings, run, ids = made
+    uri = settings.resolved_tracking_uri
+    client = _client(uri)
+    failed_at = 1_700_000_000_000
+    client.set_terminated(ids["old"], status="FAILED", end_time=failed_at)
+    killed = client.create_run(client.get_run(ids["old"]).info.experiment_id, run_name="r1").info.run_id
+    client.log_batch(killed, metrics=[Metric("train/loss", 0.5, 0, 5)])
+    summary = run.read_summary()
+    summary.update(mlflow_run_id=killed, mlflow_superseded=[ids["old"]])
+    run.write_summary(summary)
+    assert client.get_run(killed).info.status == "RUNNING" and client.get_run(killed).info.end_time is None
+
+    run.trim_metrics(4, 7)
+    before = int(time.time() * 1000)
+    tracker = open_run_tracker(
+        run.read_config(), settings, run, summary, run.checkpoint(4), True, lambda _: None
+    )
+    after = int(time.time() * 1000)
+    gone = client.get_run(killed)
+    assert gone.info.lifecycle_stage == "deleted" and gone.info.status == "KILLED"
+    assert gone.info.end_time is not None and before <= gone.info.end_time <= after
+    assert gone.data.tags["distill.replaced_by"] == tracker.run_id
+    earlier = client.get_run(ids["old"])
+    assert earlier.info.lifecycle_stage == "deleted"
+    assert earlier.info.status == "FAILED" and earlier.info.end_time == failed_at
+    assert "distill.replaced_by" not in client.get_run(tracker.run_id).data.tags
+    tracker.finish("FINISHED")
+
+
 def test_repair_marks_a_killed_run_died_and_sends_the_points_mlflow_never_got(made: Any) -> None:
     from distill.runner import repair_runs
 
