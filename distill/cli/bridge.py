@@ -6,9 +6,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from distill.zoo.families import model_rows
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from distill.tokenizer_bridge.bridge import TokenizerBridge
     from distill.tokenizer_bridge.granularity import Granularity
     from distill.tokenizer_bridge.seam import SeamReport
 
@@ -28,7 +31,9 @@ def load_tokenizer(name: str, domain: str, label: str = "tokenizer") -> PreTrain
     from transformers import AutoTokenizer  # seconds to import: only once the name checked out
 
     try:
-        return AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer.init_kwargs["distill_rows"] = model_rows(path)  # the embedding beside it, if any
+        return tokenizer
     except (OSError, ValueError) as exc:
         # transformers explains a broken folder over several lines; the first one says it.
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -71,7 +76,39 @@ def granularity_lines(grain: Granularity) -> list[str]:
     return lines
 
 
-def print_report(report: SeamReport, student: str, teacher: str, grain: Granularity | None = None) -> None:
+def rows_line(who: str, tokenizer: PreTrainedTokenizerBase) -> str:
+    """A side's tokenizer size against its embedding rows (ids past the tokenizer decode to no text:
+    a sample holding one is masked and counted, never converted)."""
+    rows = tokenizer.init_kwargs.get("distill_rows")
+    size = len(tokenizer)
+    if not isinstance(rows, int):
+        return f"{who}: tokenizer {size:,} entries (no model beside it: embedding rows unknown)"
+    if rows > size:
+        gap = f"ids {size:,}..{rows - 1:,} have no text"
+    elif rows < size:
+        gap = f"tokenizer ids {rows:,}..{size - 1:,} have no embedding row"
+    else:
+        gap = "one row per entry"
+    return f"{who}: tokenizer {size:,} entries, embedding {rows:,} rows ({gap})"
+
+
+def specials_lines(bridge: TokenizerBridge) -> list[str]:
+    """The special-token map the bridge uses, by meaning (end of turn, eos, bos, pad), both ways."""
+    from distill.tokenizer_bridge.bridge import special_map_lines
+
+    return [
+        "special tokens (by meaning; an eos never becomes a pad):",
+        *(f"  {line}" for line in special_map_lines(bridge)),
+    ]
+
+
+def print_report(
+    report: SeamReport,
+    student: str,
+    teacher: str,
+    grain: Granularity | None = None,
+    bridge: TokenizerBridge | None = None,
+) -> None:
     from rich.table import Table
     from rich.text import Text
 
@@ -100,6 +137,11 @@ def print_report(report: SeamReport, student: str, teacher: str, grain: Granular
         f"tokens: student {report.student_tokens}, teacher {report.teacher_tokens}, "
         f"teacher/student ratio {report.ratio:.3f}"
     )
+    if bridge is not None:
+        for line in [rows_line("student", bridge.student), rows_line("teacher", bridge.teacher)]:
+            console.print(line, soft_wrap=True)
+        for line in specials_lines(bridge):
+            console.print(Text(line), soft_wrap=True)
     if report.unmapped:
         console.print(
             f"student specials without a teacher counterpart (dropped and counted if a prefix holds one): "
@@ -140,11 +182,12 @@ def check(
             check_model_name(name, domain, label, tokenizer_only=True)
         student_tok = load_tokenizer(student, domain, "--student")
         teacher_tok = load_tokenizer(teacher, domain, "--teacher")
-        texts = domain_texts(domain, items) + hard_texts(student_tok)
+        texts = domain_texts(domain, items) + hard_texts(student_tok, teacher_tok)
     except (ValueError, ConfigError) as exc:
         raise fail(str(exc)) from None
     report = check_pair(student_tok, teacher_tok, texts, cuts=cuts or None)
     # The same texts, each as a whole student completion, cut into byte groups (cross-family OPD).
-    grain = granularity(TokenizerBridge(student_tok, teacher_tok), texts)
-    print_report(report, student, teacher, grain)
+    bridge = TokenizerBridge(student_tok, teacher_tok)
+    grain = granularity(bridge, texts)
+    print_report(report, student, teacher, grain, bridge)
     raise typer.Exit(0 if report.ok else 1)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distill.evals.metrics import summarize
+from distill.evals.overlong import fit_context
 
 if TYPE_CHECKING:
     from distill.config import EvalConfig
@@ -44,6 +45,9 @@ def evaluate(
 
     k = config.k
     prompts = [engine.prompt_ids(item.prompt) for item in items]
+    # Prompts that leave no room to answer: named and stopped, or left out (eval.overlong).
+    fit = fit_context(items, [len(p) for p in prompts], engine.context, config.overlong, label)
+    items, prompts = [items[i] for i in fit.kept], [prompts[i] for i in fit.kept]
     rows_in = [p for p in prompts for _ in range(k)]
     with progress_bar(label, total=len(rows_in), enabled=show_progress) as advance:
         completions = engine.generate(
@@ -75,4 +79,7 @@ def evaluate(
                 "tokens_mean": sum(len(c.ids) for c in samples) / k,
             }
         )
-    return EvalResult(metrics=summarize(correct, lengths, truncated, k), rows=rows)
+    metrics = summarize(correct, lengths, truncated, k)
+    if fit.overlong:
+        metrics["overlong_skipped"] = float(len(fit.overlong))
+    return EvalResult(metrics=metrics, rows=rows + fit.rows(engine.context))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from distill.config import DomainBase
@@ -77,6 +77,9 @@ class EvalRequest:
     domain_fields: dict[str, Any] = field(default_factory=dict)
     # Sequences per generation batch (eval.batch_size); None: EvalConfig's default.
     batch_size: int | None = None
+    # Items whose prompt fills the model's context: fail names them and stops, skip leaves them
+    # out and reports them (eval.overlong).
+    overlong: Literal["fail", "skip"] = "fail"
 
 
 @dataclass
@@ -257,15 +260,26 @@ def evaluate_model(
     from distill.config import EvalConfig
     from distill.engines.context import check_budget
     from distill.engines.hf import HFEngine
+    from distill.engines.templates import apply_chat_template
     from distill.evals import evaluator_for
+    from distill.evals.overlong import fit_context, named
 
     prep = req if isinstance(req, PreparedEval) else prepare_eval(req)
     req, sampling, items, bench = prep.req, prep.sampling, prep.items, prep.bench
     try:
         engine = HFEngine.load(path, enable_thinking=sampling.enable_thinking)
+        # A tokenizer without a chat template is refused here, never given a default one.
+        apply_chat_template(engine.tokenizer, None, req.model, "--model")
         if not prep.episodic:
             lengths = [len(engine.prompt_ids(item.prompt)) for item in items]
-            check = check_budget("max_new_tokens", sampling.max_new_tokens, engine.context, lengths, "eval")
+            fit = fit_context(items, lengths, engine.context, req.overlong, f"eval of {req.model} on {bench}")
+            if fit.overlong:
+                say(
+                    f"skipped {len(fit.overlong)} of {len(items)} items whose prompt fills the model's "
+                    f"{engine.context} positions (eval.overlong=skip): {named(fit.overlong)}"
+                )
+            kept = [lengths[i] for i in fit.kept]
+            check = check_budget("max_new_tokens", sampling.max_new_tokens, engine.context, kept, "eval")
             if warning := check.warning():
                 say(f"warning: {warning}")
         eval_cfg = EvalConfig(
@@ -274,6 +288,7 @@ def evaluate_model(
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             max_new_tokens=sampling.max_new_tokens,
+            overlong=req.overlong,
             **({"batch_size": req.batch_size} if req.batch_size is not None else {}),
         )
         evaluate = evaluator_for(prep.domain)
@@ -332,6 +347,7 @@ def _log(
             "top_p": sampling.top_p,
             "max_new_tokens": sampling.max_new_tokens,
             "enable_thinking": sampling.enable_thinking,
+            "overlong": req.overlong,
             **{f"domain.{key}": value for key, value in req.domain_fields.items()},
         }
     )

@@ -4,8 +4,11 @@ A sequence of ids is read as *pieces*: runs of ordinary tokens decoded to text, 
 tokens kept as their content (`<think>`, `<|im_end|>`). Text pieces are re-encoded by the other
 tokenizer with its special-token matching off (a student that spelled "<think>" with ordinary
 tokens did not open a think block); special pieces map to the other side's special token of the
-same role (eos, pad, bos) or the same content, and are dropped and reported when it has none.
-So a special token never leaks into the other side as literal text.
+same *meaning* (`special_roles`: end of turn, eos, bos, pad) or else the same content, and are
+dropped and reported when it has none. So a special token never leaks into the other side as
+literal text, and an end of turn stays an end of turn: a teacher whose eos is also its pad
+(GPT-2's `<|endoftext|>`) ends the student's turn with the student's end-of-turn token, never its
+pad.
 
 The bridge is lossless when the pieces on the far side equal the mapped pieces on the near side;
 every conversion says whether it was, and `seam.py` checks it on whole corpora.
@@ -17,6 +20,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -25,6 +29,16 @@ if TYPE_CHECKING:
 # produces from ordinary text, so piece lists compare and prefix-test as plain strings.
 _OPEN, _CLOSE = "\ue000", "\ue001"
 _ROLES = ("eos_token", "pad_token", "bos_token")
+# What a special token means, strongest first: a token with several meanings (GPT-2's
+# `<|endoftext|>` is its eos, bos and pad) is read as the first it has, so eos beats pad.
+MEANINGS = ("end", "eos", "bos", "pad")
+# Where a meaning goes on the other side, in order: an end of turn to the other's end of turn,
+# else its eos; a bare eos to its eos, else its end of turn. Never an eos to a pad.
+_TARGETS = {"end": ("end", "eos"), "eos": ("eos", "end"), "bos": ("bos",), "pad": ("pad",)}
+# Stand-ins for a message's content when a chat template is rendered to find its end of turn.
+_USER_MARK, _ASSISTANT_MARK = "\ue010", "\ue011"
+# tokenizer -> (its chat template, the end-of-turn token found in it).
+_END_CACHE: WeakKeyDictionary[PreTrainedTokenizerBase, tuple[str, str | None]] = WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,59 @@ def special_tokens(tokenizer: PreTrainedTokenizerBase) -> dict[int, str]:
         token_id = tokenizer.convert_tokens_to_ids(str(token)) if token else None
         if isinstance(token_id, int):
             out[token_id] = str(token)
+    return out
+
+
+def end_of_turn(tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """The special token the chat template closes an assistant turn with (Qwen's `<|im_end|>`,
+    Llama 3's `<|eot_id|>`, Mistral's `</s>`); None without a template or when its turns end
+    in plain text. Read off one rendered user/assistant exchange, cached per template."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str) or not template:
+        return None
+    cached = _END_CACHE.get(tokenizer)
+    if cached is not None and cached[0] == template:
+        return cached[1]
+    found: str | None = None
+    messages = [{"role": "user", "content": _USER_MARK}, {"role": "assistant", "content": _ASSISTANT_MARK}]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+    except Exception:  # a template that refuses this exchange (roles, a system turn) tells nothing
+        text = None
+    if isinstance(text, str) and _ASSISTANT_MARK in text:
+        after = text.split(_ASSISTANT_MARK, 1)[1].lstrip(" ")
+        names = sorted(set(special_tokens(tokenizer).values()), key=len, reverse=True)
+        found = next((name for name in names if name and after.startswith(name)), None)
+    _END_CACHE[tokenizer] = (template, found)
+    return found
+
+
+def role_tokens(tokenizer: PreTrainedTokenizerBase) -> dict[str, tuple[str, int]]:
+    """meaning -> (content, id) of the tokenizer's token for it: `end` (the template's end of
+    turn, else the eos), `eos`, `bos`, `pad`. One token may serve several meanings."""
+    out: dict[str, tuple[str, int]] = {}
+    for meaning, attr in (("eos", "eos_token"), ("bos", "bos_token"), ("pad", "pad_token")):
+        token = getattr(tokenizer, attr, None)
+        token_id = tokenizer.convert_tokens_to_ids(str(token)) if token else None
+        # A token the vocabulary lacks converts to the unk id; GPT-2's unk is its eos, so compare back.
+        if isinstance(token_id, int) and tokenizer.convert_ids_to_tokens(token_id) == str(token):
+            out[meaning] = (str(token), token_id)
+    end = end_of_turn(tokenizer)
+    end_id = tokenizer.convert_tokens_to_ids(end) if end else None
+    if end and isinstance(end_id, int):
+        out["end"] = (end, end_id)
+    elif "eos" in out:
+        out["end"] = out["eos"]
+    return out
+
+
+def special_roles(tokenizer: PreTrainedTokenizerBase) -> dict[int, str]:
+    """id -> the strongest meaning (`MEANINGS` order) of each special token that has one."""
+    out: dict[int, str] = {}
+    for meaning, (_, token_id) in sorted(
+        role_tokens(tokenizer).items(), key=lambda kv: MEANINGS.index(kv[0])
+    ):
+        out.setdefault(token_id, meaning)
     return out
 
 
@@ -218,17 +285,39 @@ class TokenizerBridge:
 
 
 def _special_map(src: PreTrainedTokenizerBase, dst: PreTrainedTokenizerBase) -> dict[str, tuple[str, int]]:
-    """src special content -> (dst content, dst id): by role (eos <-> eos), else by the same content."""
+    """src special content -> (dst content, dst id): a token with a meaning (`special_roles`) to
+    the other side's token of that meaning (`_TARGETS`), any other by the same content."""
     dst_specials = {content: i for i, content in special_tokens(dst).items()}
+    dst_roles, dst_meant = role_tokens(dst), special_roles(dst)
+    src_roles = special_roles(src)
     mapping: dict[str, tuple[str, int]] = {}
-    for content in special_tokens(src).values():
-        if content in dst_specials:
+    for token_id, content in special_tokens(src).items():
+        meaning = src_roles.get(token_id)
+        target = next((dst_roles[m] for m in _TARGETS[meaning] if m in dst_roles), None) if meaning else None
+        if target is not None:
+            mapping[content] = target
+        elif content in dst_specials and dst_specials[content] not in dst_meant:
+            # The same content, where it means nothing there (a pad never becomes an eos).
             mapping[content] = (content, dst_specials[content])
-    for role in _ROLES:
-        a, b = getattr(src, role, None), getattr(dst, role, None)
-        if a and b:
-            mapping[str(a)] = (str(b), dst_specials[str(b)])
     return mapping
+
+
+def special_map_lines(bridge: TokenizerBridge) -> list[str]:
+    """The special-token map a bridge uses, both ways, one line per token that has a meaning or
+    a counterpart (`bridge check` and preflight print it)."""
+    lines: list[str] = []
+    for label, src, mapping in (
+        ("student -> teacher", bridge.student, bridge.to_teacher_map),
+        ("teacher -> student", bridge.teacher, bridge.to_student_map),
+    ):
+        roles = special_roles(src)
+        for token_id, content in sorted(special_tokens(src).items()):
+            meaning = roles.get(token_id)
+            if meaning is None and content not in mapping:
+                continue  # markup the other side lacks: listed with the unmapped specials
+            where = f"{mapping[content][0]} ({mapping[content][1]})" if content in mapping else "dropped"
+            lines.append(f"{label}: {content} ({token_id}, {meaning or 'by name'}) -> {where}")
+    return lines
 
 
 def clean_cut(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], k: int) -> int:

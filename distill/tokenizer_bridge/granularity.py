@@ -19,6 +19,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
 
 from distill.tokenizer_bridge.align import (
     Group,
@@ -38,6 +39,11 @@ if TYPE_CHECKING:
     from distill.tokenizer_bridge.bridge import TokenizerBridge
 
 SHOWN_GROUPS = 24
+
+# tokenizer -> ((its size, its template), vocab_bytes of it).
+_VOCAB_CACHE: WeakKeyDictionary[
+    PreTrainedTokenizerBase, tuple[tuple[int, str | None], dict[int, bytes | str]]
+] = WeakKeyDictionary()
 
 
 @dataclass
@@ -92,7 +98,19 @@ def _reader(tokenizer: PreTrainedTokenizerBase) -> str:
 
 
 def vocab_bytes(tokenizer: PreTrainedTokenizerBase) -> dict[int, bytes | str]:
-    """Every vocabulary id -> its bytes, or its special key (str) for a special token."""
+    """Every vocabulary id -> its bytes, or its special key (str) for a special token. Cached per
+    tokenizer (while its size and template stay): a cross-family pair reads each vocabulary up to
+    three times (the prefix index, the byte table, the id map), ~2 s each for 151k entries."""
+    stamp = (len(tokenizer), getattr(tokenizer, "chat_template", None))
+    cached = _VOCAB_CACHE.get(tokenizer)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    out = _vocab_bytes(tokenizer)
+    _VOCAB_CACHE[tokenizer] = (stamp, out)
+    return out
+
+
+def _vocab_bytes(tokenizer: PreTrainedTokenizerBase) -> dict[int, bytes | str]:
     keys = special_keys(tokenizer)
     reader = _reader(tokenizer)
     out: dict[int, bytes | str] = {}

@@ -82,9 +82,17 @@ def _diff(expected: str, got: str, width: int = 24) -> str:
     return f"expected {expected[lo : i + width]!r}, got {got[lo : i + width]!r}"
 
 
-def hard_texts(student: PreTrainedTokenizerBase) -> list[str]:
-    """HARD_TEXTS with the student's own think markup and end-of-turn token filled in."""
-    fields = {"think": "<think>", "close": "</think>", "eos": student.eos_token or ""}
+def hard_texts(student: PreTrainedTokenizerBase, teacher: PreTrainedTokenizerBase | None = None) -> list[str]:
+    """HARD_TEXTS with the student's own think markup and end-of-turn token filled in. Markup the
+    `teacher` has no token for (GPT-2 has no `<think>`) is left out of the texts: it cannot cross
+    as markup nor as text, and the report lists it among the unmapped specials instead."""
+    from distill.tokenizer_bridge.bridge import special_tokens
+
+    markup = {"think": "<think>", "close": "</think>"}
+    if teacher is not None:
+        theirs = set(special_tokens(teacher).values())
+        markup = {key: value if value in theirs else "" for key, value in markup.items()}
+    fields = {**markup, "eos": student.eos_token or ""}
     return [text.format(**fields) if "{think}" in text else text for text in HARD_TEXTS]
 
 

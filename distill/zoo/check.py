@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distill.config import ConfigError
+from distill.engines.templates import TemplateError, missing_template, read_template
 from distill.zoo import PREFIX
 
 if TYPE_CHECKING:
-    from distill.config import RunConfig
+    from distill.config import ModelConfig, RunConfig
 
 # Any one of these makes a folder a tokenizer folder (fast tokenizers, slow ones, BPE vocabularies).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -24,6 +25,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 MODEL_FILES = ("config.json", "adapter_config.json")
 # Seconds an online existence check of a hub id may take before it counts as unreachable.
 HUB_TIMEOUT_S = 10.0
+# Where a tokenizer keeps its chat template: a key of tokenizer_config.json, or a file of its own.
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
 
 def is_path_like(name: str) -> bool:
@@ -104,11 +107,68 @@ def check_model_name(name: str, domain: str, label: str, tokenizer_only: bool = 
     check_hub_id(name, label)
 
 
+def folder_has_template(path: Path) -> bool:
+    """Whether a tokenizer folder carries a chat template (read from its files, nothing loaded)."""
+    import json
+
+    if (
+        any((path / name).is_file() for name in TEMPLATE_FILES)
+        or (path / "additional_chat_templates").is_dir()
+    ):
+        return True
+    config = path / "tokenizer_config.json"
+    try:
+        data = json.loads(config.read_text()) if config.is_file() else {}
+    except (OSError, ValueError):
+        return True  # unreadable here: the load says what is wrong with it
+    return bool(data.get("chat_template"))
+
+
+def hub_has_template(name: str) -> bool | None:
+    """A cached hub id's template, from its cached files; None when not cached (nothing known)."""
+    import json
+
+    from huggingface_hub import try_to_load_from_cache
+
+    config = try_to_load_from_cache(name, "tokenizer_config.json")
+    if not isinstance(config, str):
+        return None
+    if any(isinstance(try_to_load_from_cache(name, f), str) for f in TEMPLATE_FILES):
+        return True
+    try:
+        return bool(json.loads(Path(config).read_text()).get("chat_template"))
+    except (OSError, ValueError):
+        return None
+
+
+def check_template(spec: ModelConfig, role: str) -> None:
+    """ConfigError (one line) when the model's chat template is a named file that is not a usable
+    template, or when it has none and names none. Zoo tokenizers always carry theirs."""
+    if spec.chat_template is not None:
+        try:
+            read_template(spec.chat_template, f"{role}.chat_template")
+        except TemplateError as exc:
+            raise ConfigError(str(exc)) from None
+        return
+    name = spec.name
+    if name.startswith(PREFIX):
+        return
+    if is_path_like(name):
+        has = folder_has_template(Path(name).expanduser())
+    else:
+        has = hub_has_template(name) is not False
+    if not has:
+        raise ConfigError(missing_template(name, role))
+
+
 def check_models(config: RunConfig) -> None:
-    """The student and the teacher of a run, before its directory or MLflow run exists."""
+    """The student and the teacher of a run, before its directory or MLflow run exists: each
+    name loadable, and each model's chat template there or named (`<role>.chat_template`)."""
     domain = config.domain.name
     check_model_name(config.student.name, domain, "student.name")
+    check_template(config.student, "student")
     if config.teacher.name != config.student.name:
         # A served teacher's weights live on the server; only its tokenizer is loaded here.
         served = config.teacher.engine == "server"
         check_model_name(config.teacher.name, domain, "teacher.name", tokenizer_only=served)
+    check_template(config.teacher, "teacher")
