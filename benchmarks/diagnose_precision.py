@@ -50,7 +50,7 @@ class Plant:
 OPD = ("--domain", "rlve", "--method", "opd")
 ROSE = ("--domain", "rlve", "--method", "rose")
 SFT = ("--domain", "rlve", "--method", "sft")
-TEMPLATE_FILE = "other-template.jinja"
+OTHER_TEMPLATE = "teacher-other-template"
 
 PLANTS: tuple[Plant, ...] = (
     Plant("control-opd", OPD, (), "the OPD preset at the short settings", control=True),
@@ -82,17 +82,17 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "template-mismatch",
-        (*OPD, f"teacher.chat_template={{faults}}/{TEMPLATE_FILE}", "preflight=false"),
+        (*OPD, f"teacher.name={{faults}}/{OTHER_TEMPLATE}", "preflight=false"),
         ("template_mismatch",),
-        "the teacher renders prompts with another template file; preflight off",
-        prepare="template",
+        "the zoo teacher's weights in a folder whose chat template writes `[role]` headers; preflight off",
+        prepare="other_template",
     ),
     Plant(
         "template-refused",
-        (*OPD, f"teacher.chat_template={{faults}}/{TEMPLATE_FILE}"),
+        (*OPD, f"teacher.name={{faults}}/{OTHER_TEMPLATE}"),
         ("template_mismatch",),
-        "the same, preflight on: the run is refused before training",
-        prepare="template",
+        "the same teacher, preflight on: the run is refused before training",
+        prepare="other_template",
     ),
     Plant(
         "teacher-is-student",
@@ -102,15 +102,9 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "async-bottleneck",
-        (*OPD, "teacher.precision=bf16"),
+        (*OPD, "teacher.precision=fp16"),
         ("teacher_bottleneck",),
-        "the async teacher's worker in bf16 on a CPU (slow matmuls), the student in fp32",
-    ),
-    Plant(
-        "eval-regression",
-        (*SFT, "method.temperature=3.0", "method.keep_verified_only=false"),
-        ("eval_regression",),
-        "SFT on the teacher's trajectories sampled at temperature 3, unverified: noise as targets",
+        "the async teacher's worker in fp16 on a CPU (its matmuls 12x slower than fp32 here), the student in fp32",
     ),
     Plant(
         "rollout-truncation",
@@ -126,9 +120,18 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "topk-collapse",
-        (*OPD, "method.topk_tail=false", "optim.lr=0.05", "optim.scheduler=constant"),
+        (
+            *OPD,
+            "teacher.name=zoo:teacher-llama",
+            "method.loss=token_reward_direct",
+            "method.coef=-1",
+            "optim.scheduler=constant",
+        ),
         ("topk_mass_collapse",),
-        "forward KL over the teacher's top-k without its tail bucket, at lr 0.05",
+        "the student driven off its teacher's tokens (advantage sign flipped); cross-family, the path "
+        "that logs the top-k mass under a sampled-token loss. No loss of distill's moves the mass off "
+        "the top-k by itself (its forward KL pulls it on), so the symptom is planted by its cause's "
+        "opposite",
         needs="kl/student_topk_mass",
     ),
     Plant(
@@ -274,9 +277,6 @@ def to_markdown(rows: list[Row], healthy: list[RunOutcome], planted: dict[str, R
         lines.append(f"| `{r.rule}` | {fired} | {plants} | {caught} |")
     alarms = sum(1 for o in healthy if o.alarms())
     lines += ["", f"Healthy runs with any warning or error: {alarms} of {len(healthy)}."]
-    failed = [o.run for o in healthy if o.status not in ("FINISHED", "?")]
-    if failed:
-        lines.append(f"Healthy runs that did not finish: {', '.join(failed)}.")
     return "\n".join(lines) + "\n"
 
 
@@ -303,9 +303,23 @@ def _env(faults: Path) -> dict[str, str]:
     }
 
 
-def prepare_template(faults: Path) -> None:
-    """A chat template that renders roles as `[role]` instead of the zoo's `<|im_start|>role`."""
-    (faults / TEMPLATE_FILE).write_text(
+def _zoo_model(name: str) -> Path:
+    from distill.config import domain_config
+    from distill.settings import get_settings
+    from distill.zoo import resolve_model
+
+    return Path(resolve_model(name, domain_config("rlve"), get_settings(), show_progress=False))
+
+
+def prepare_other_template(faults: Path) -> None:
+    """The zoo teacher's files with a chat template that writes `[role]` instead of
+    `<|im_start|>role`: a real second template, whatever `teacher.chat_template` is wired to."""
+    import shutil
+
+    out = faults / OTHER_TEMPLATE
+    if not (out / "config.json").exists():
+        shutil.copytree(_zoo_model("zoo:teacher"), out, dirs_exist_ok=True)
+    (out / "chat_template.jinja").write_text(
         "{%- for m in messages -%}{{ '[' + m['role'] + ']\\n' + m['content'] + '\\n' }}{%- endfor -%}"
         "{%- if add_generation_prompt -%}{{ '[assistant]\\n' }}{%- endif -%}"
     )
@@ -320,12 +334,7 @@ def prepare_padded_student(faults: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from distill.config import domain_config
-    from distill.settings import get_settings
-    from distill.zoo import resolve_model
-
-    settings = get_settings()
-    path = resolve_model("zoo:student", domain_config("rlve"), settings, show_progress=False)
+    path = _zoo_model("zoo:student")
     model = AutoModelForCausalLM.from_pretrained(path)
     tok = AutoTokenizer.from_pretrained(path)
     end = tok.convert_tokens_to_ids("<|im_end|>")
@@ -338,7 +347,7 @@ def prepare_padded_student(faults: Path) -> None:
     tok.save_pretrained(out)
 
 
-PREPARE = {"template": prepare_template, "padded_student": prepare_padded_student}
+PREPARE = {"other_template": prepare_other_template, "padded_student": prepare_padded_student}
 
 
 def plant_command(plant: Plant, faults: Path) -> list[str]:
@@ -397,7 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     plants = [p for p in PLANTS if not args.only or p.name in args.only.split(",")]
     if args.make or args.remake:
         make_plants(plants, args.faults, args.remake)
-    healthy = [diagnose_dir(d) for ws in args.healthy for d in run_dirs(ws, args.grid)]
+    seen = [diagnose_dir(d) for ws in args.healthy for d in run_dirs(ws, args.grid)]
+    # A healthy preset run is a finished one: a run still going (or stopped) has no final eval.
+    healthy = [o for o in seen if o.status == "FINISHED"]
+    unfinished = [o.run for o in seen if o.status != "FINISHED"]
     planted: dict[str, RunOutcome | None] = {}
     for p in plants:
         d = args.faults / "runs" / f"plant-{p.name}"
@@ -406,10 +418,14 @@ def main(argv: list[str] | None = None) -> int:
     print_summary(rows)
     out = args.out or args.faults / "diagnose-precision.md"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(to_markdown(rows, healthy, planted))
+    table = to_markdown(rows, healthy, planted)
+    if unfinished:
+        table += f"Not counted (not finished): {', '.join(unfinished)}.\n"
+    out.write_text(table)
     payload: dict[str, Any] = {
         "rows": [asdict(r) for r in rows],
         "healthy": [asdict(o) | {"logged": len(o.logged)} for o in healthy],
+        "unfinished": unfinished,
         "planted": {k: (asdict(v) | {"logged": len(v.logged)}) if v else None for k, v in planted.items()},
         "plants": [asdict(p) for p in plants],
     }

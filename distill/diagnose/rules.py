@@ -299,7 +299,7 @@ def run_status(rec: RunRecord) -> list[Finding]:
                 advice=f"continue with `distill run --resume {rec.name}`" if status != "RUNNING" else "",
             )
         )
-    if not rec.series:
+    if not rec.series and status != "FAILED":  # a failed run says why it has none
         out.append(
             Finding(
                 "no_metrics",

@@ -140,7 +140,10 @@ def test_run_status_failed(make_run: MakeRun) -> None:
     make_run("bad", summary={"status": "FAILED", "error": "OSError: disk full"})
     f = _one(run_status(load_run("bad")), "run_failed")
     assert f.severity is Severity.ERROR and "disk full" in f.title
-    assert any(x.name == "no_metrics" for x in run_status(load_run("bad")))
+    # The failure says why nothing was logged: no second warning for it.
+    assert [x.name for x in run_status(load_run("bad"))] == ["run_failed"]
+    make_run("empty", summary={"status": "FINISHED"})
+    assert [x.name for x in run_status(load_run("empty"))] == ["no_metrics"]
 
 
 def test_healthy_run_has_no_errors_or_warnings(make_run: MakeRun) -> None:
