@@ -45,6 +45,7 @@ class Plant:
     needs: str = ""  # a metric the catch depends on; without it the plant is not measured
     prepare: str = ""  # a model this script builds first (see PREPARE)
     control: bool = False  # no fault: the plants' settings alone (expects nothing at warning+)
+    manual: str = ""  # why this script cannot make the run (then it is "not measured")
 
 
 OPD = ("--domain", "rlve", "--method", "opd")
@@ -107,6 +108,12 @@ PLANTS: tuple[Plant, ...] = (
         "the async teacher's worker in fp16 on a CPU (its matmuls 12x slower than fp32 here), the student in fp32",
     ),
     Plant(
+        "eval-regression",
+        (*SFT, "method.temperature=3.0", "method.keep_verified_only=false"),
+        ("eval_regression",),
+        "SFT on the teacher's trajectories sampled at temperature 3, unverified: noise as targets",
+    ),
+    Plant(
         "rollout-truncation",
         (*OPD, "rollout.max_new_tokens=8"),
         ("student_truncation",),
@@ -140,6 +147,15 @@ PLANTS: tuple[Plant, ...] = (
         ("clamp_saturated",),
         "token_reward_direct with the advantage clamped at 0.001",
         needs="kl/clip_share",
+    ),
+    Plant(
+        "reference-gap",
+        (*OPD, "teacher.engine=server", "teacher.url=http://127.0.0.1:8000"),
+        ("teacher_reference_gap",),
+        "a served teacher whose server holds another checkpoint than teacher.name",
+        needs="teacher/reference_gap",
+        manual="needs a served teacher (`distill serve teacher`, vLLM: a GPU machine) started on another "
+        "checkpoint; not plantable by config on a CPU",
     ),
     Plant(
         "out-of-vocab",
@@ -218,9 +234,11 @@ class Row:
 def plant_result(plant: Plant, outcome: RunOutcome | None) -> str:
     """How the planted run came out for this plant's expected findings."""
     if outcome is None:
-        return "not measured: no run"
+        return f"not measured: {plant.manual or 'no run'}"
     if outcome.error:
         return f"not measured: {outcome.error}"
+    if outcome.status not in ("FINISHED", "FAILED"):
+        return f"not measured: the run is {outcome.status}"
     got = [outcome.fired[name] for name in plant.expect if name in outcome.fired]
     if "error" in got:
         return "error"
@@ -371,7 +389,7 @@ def make_plants(plants: list[Plant], faults: Path, remake: bool) -> None:
     faults.mkdir(parents=True, exist_ok=True)
     for plant in plants:
         run_dir = faults / "runs" / f"plant-{plant.name}"
-        if run_dir.exists() and not remake:
+        if plant.manual or (run_dir.exists() and not remake):
             continue
         if run_dir.exists():
             import shutil

@@ -40,7 +40,10 @@ def test_tally_counts_false_alarms_catches_and_unmeasured(tmp_path: Path) -> Non
         bench.Plant("budget", (), ("teacher_truncation",), "t=4"),
         bench.Plant("clamp", (), ("clamp_saturated",), "clip", needs="kl/clip_share"),
         bench.Plant("thinking", (), ("thinking_mismatch",), "think"),
+        bench.Plant("served", (), ("teacher_reference_gap",), "gap", manual="needs a served teacher"),
+        bench.Plant("live", (), ("precision",), "bf16"),
     ]
+    write_run(faults_ws, "plant-live", summary={"status": "RUNNING"}, metrics=healthy_metrics())
     write_run(faults_ws, "plant-control-opd", config=HEALTHY_CONFIG, metrics=healthy_metrics())
     write_run(
         faults_ws,
@@ -57,7 +60,10 @@ def test_tally_counts_false_alarms_catches_and_unmeasured(tmp_path: Path) -> Non
 
     healthy = [bench.diagnose_dir(d) for d in bench.run_dirs(healthy_ws, "g1-")]
     assert [o.run for o in healthy] == ["g1-rlve-opd-s0", "g1-rlve-opd-s1", "g1-rlve-rose-s0"]
-    planted = {p.name: bench.diagnose_dir(faults_ws / "runs" / f"plant-{p.name}") for p in plants}
+    planted = {
+        p.name: bench.diagnose_dir(faults_ws / "runs" / f"plant-{p.name}") for p in plants if not p.manual
+    }
+    planted["served"] = None
     rows = {r.rule: r for r in bench.tally(healthy, planted, plants)}
 
     assert (rows["student_truncation"].healthy_fired, rows["student_truncation"].healthy_total) == (1, 3)
@@ -67,6 +73,9 @@ def test_tally_counts_false_alarms_catches_and_unmeasured(tmp_path: Path) -> Non
     assert rows["clamp_saturated"].verdict() == "not measured"
     assert rows["thinking_mismatch"].caught == ["missed"] and rows["thinking_mismatch"].verdict() == "MISSED"
     assert rows["teacher_truncation"].healthy_fired == 0
+    # A plant this script cannot make, and one still running: neither caught nor missed.
+    assert rows["teacher_reference_gap"].caught == ["not measured: needs a served teacher"]
+    assert rows["precision"].caught == ["not measured: the run is RUNNING"]
 
     table = bench.to_markdown(list(rows.values()), healthy, planted)
     assert "| `student_truncation` | 1 / 3 (g1-rlve-rose-s0) | - | - |" in table
