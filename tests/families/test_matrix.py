@@ -22,6 +22,10 @@ pytestmark = pytest.mark.integration
 
 GAP = "methods fix pending: (a) a sampled id past the tokenizer crashes cross_family.boundaries_differ"
 ROWS = "methods fix pending: (b) teacher top-k ids past the student's rows crash forward_kl_topk"
+SPM_SEAM = (
+    "bridge fix pending: a sentencepiece run decodes alone without its leading space, so ROSE's seam "
+    "check stops the run (after its directory exists) as lossy"
+)
 WIRING = "wiring pending: load_engine applies <role>.chat_template (engines/templates.apply_chat_template)"
 
 
@@ -126,7 +130,14 @@ RUNS = [
         id="mistral-opd-forward_kl_topk",
     ),
     pytest.param(
-        "mistral-rose", "s-qwen3", "t-mistral", "rose", [], "teacher/ce_target_share", id="mistral-rose"
+        "mistral-rose",
+        "s-qwen3",
+        "t-mistral",
+        "rose",
+        [],
+        "teacher/ce_target_share",
+        id="mistral-rose",
+        marks=xfail(SPM_SEAM),
     ),
     pytest.param(
         "gap-always",
@@ -233,6 +244,7 @@ def test_cell_refuses_before_a_run_directory(
     assert not (tmp_path / "runs").exists()
 
 
+@xfail("methods fix pending: cross_family.refusal (jsd) is not asked by --preflight, which passes")
 def test_cross_family_jsd_is_refused(families: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """jsd compares whole distributions over one vocabulary: a cross-family pair is told which
     losses it can use, and nothing is trained."""
@@ -299,7 +311,7 @@ def test_preflight_refuses_a_thinking_only_teacher(
     ]
     result = run_cli(args, tmp_path, monkeypatch)
     assert result.exit_code == 2, result.output[-3000:]
-    assert "chat templates differ" in result.output and "<think>" in result.output
+    assert "chat templates differ" in result.output and "different prompt" in result.output
     assert not (tmp_path / "runs").exists()
 
 
