@@ -154,11 +154,14 @@ def make_batch(rows: int, prompt: int, width: int, vocab: int, teacher_hidden: i
 # ------------------------------------------------------------------------------ scoring (teacher)
 
 
-def score_distill(engine: Any, prompts: list[list[int]], completions: list[list[int]], k: int) -> Step:
-    """HFEngine.score: hidden states once, the head per chunk (top-k + token logprobs)."""
+def score_distill(
+    engine: Any, prompts: list[list[int]], completions: list[list[int]], k: int, whole: bool = True
+) -> Step:
+    """HFEngine.score: hidden states once, the head per chunk (top-k + token logprobs); all rows
+    in one decoder pass (`whole`), or as many as the engine's SCORE_TOKENS per pass."""
 
     def step() -> dict[str, torch.Tensor]:
-        scores = engine.score(prompts, completions, batch_size=len(prompts), top_k=k)
+        scores = engine.score(prompts, completions, batch_size=len(prompts) if whole else None, top_k=k)
         return {"logp": scores.logprobs_B_T, "top_logp": scores.topk_logprobs_B_T_K}
 
     return step

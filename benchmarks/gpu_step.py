@@ -276,6 +276,11 @@ def score_part(args: argparse.Namespace, report: gpu_report.Report) -> None:
     if "naive" in args.paths:
         steps["naive"] = (paths.score_naive(teacher, ids, p, k), None)
     steps.update(variants(args, distill))
+    # The engine's own split (SCORE_TOKENS per decoder pass: 7 + 1 rows at 8 x 4,352).
+    steps["distill engine batches"] = (
+        paths.score_distill(engine, prompts, completions, k, whole=False),
+        None,
+    )
     shape = report.meta["teacher"]
     fpt = hardware.flops_per_token(
         shape["params"], shape["layers"], shape["attn_width"], p + t, training=False
