@@ -64,12 +64,13 @@ def pairs(
     student: Any, teacher: Any, b: dict[str, Any]
 ) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
     """name -> (full-logits form, chunked form), each one call of that step part."""
-    from types import SimpleNamespace
 
     from distill.config import OPDMethod
-    from distill.kernels.states import ce_loss, completion_logprobs
     from distill.kernels import losses
-    from distill.methods.on_policy import divergence_loss
+    from distill.kernels.states import ce_loss, completion_logprobs
+    from distill.methods.signal import Signal
+    from distill.tracking.base import NullTracker
+    from distill.tracking.steplog import SilentLog
 
     mask = b["completion_mask"].bool()
     scores = teacher.score(b["prompts"], b["completions"], top_k=32)
@@ -77,17 +78,9 @@ def pairs(
     inputs["teacher_logps"] = scores.logprobs_B_T
     inputs["teacher_topk_ids"], inputs["teacher_topk_logps"] = scores.topk()
 
-    def trainer(loss: str) -> Any:
-        ctx = SimpleNamespace(
-            method_as=lambda _: OPDMethod(loss=loss, top_k=32),
-            log=SimpleNamespace(add=lambda _: None),
-            local_teacher=lambda: teacher,
-        )
-        return SimpleNamespace(
-            distill_ctx=ctx,
-            accelerator=SimpleNamespace(unwrap_model=lambda m: m),
-            state=SimpleNamespace(global_step=0),
-        )
+    def divergence_loss(loss: str) -> Any:
+        signal = Signal(OPDMethod(loss=loss, top_k=32), SilentLog(NullTracker()))
+        return signal.divergence_loss(0, student.model, student.model, inputs)
 
     def full_score() -> Any:
         lp = full_logprobs(teacher.model, b, False)
@@ -125,11 +118,11 @@ def pairs(
         ),
         "forward_kl_topk fwd+bwd": (
             full_topk_loss,
-            lambda: divergence_loss(trainer("forward_kl_topk"), student.model, inputs).backward(),
+            lambda: divergence_loss("forward_kl_topk").backward(),
         ),
         "k3 fwd+bwd": (
             full_k3_loss,
-            lambda: divergence_loss(trainer("k3"), student.model, inputs).backward(),
+            lambda: divergence_loss("k3").backward(),
         ),
         "GRPO logps fwd+bwd (TRL fused head before)": (fused_grpo, chunked_grpo),
         "CE fwd+bwd (rose, sft)": (

@@ -8,7 +8,7 @@ resume each with `distill run --resume`, and check what a user relies on:
 - MLflow = metrics.jsonl: the MLflow run holds every (key, step, value) of `metrics.jsonl`
   exactly once and nothing else (steps trained twice must not be logged twice).
 
-    python benchmarks/kill_resume.py                     # 20 kills over opd, rose, sft, opsd-ema
+    python benchmarks/kill_resume.py                     # 20 kills over opd, rose, sft, opsd-ema, opd-multi
     python benchmarks/kill_resume.py --kills 4 --methods opd --json results.json
 
 Models: `--student`/`--teacher` (default the embedded zoo's, built on first use in
@@ -50,6 +50,9 @@ CASES: dict[str, list[str]] = {
     ],
     "sft": ["--method", "sft", "method.keep_verified_only=false", "optim.batch_size=4"],
     "opsd-ema": ["--method", "opsd", "method.teacher_weights=ema", "method.ema_decay=0.5"],
+    # One student, a teacher per domain (each domain's zoo teacher of the mixed zoo): rows drawn
+    # from both domains, each scored by its own teacher.
+    "opd-multi": ["--domain", "rlve,dapo", "--method", "opd"],
 }
 # What a complete checkpoint folder holds (any method; the EMA teacher only for opsd-ema).
 CHECKPOINT_FILES = (
@@ -73,10 +76,10 @@ class Setup:
 
     def args(self, case: str, name: str) -> list[str]:
         teacher = [] if case.startswith("opsd") else [f"teacher.name={self.teacher}"]
+        domain = [] if "--domain" in CASES[case] else ["--domain", "rlve"]
         return [
             "run",
-            "--domain",
-            "rlve",
+            *domain,
             *CASES[case],
             f"student.name={self.student}",
             *teacher,

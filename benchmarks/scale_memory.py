@@ -12,7 +12,7 @@ its KV cache is B*T*layers*kv_heads*head_dim, not vocabulary-sized):
 - teacher_score: the teacher's logprobs of the sampled tokens and its top-32 (one engine call);
 - opd:<loss>: student and teacher scoring, the advantages, the loss forward + backward and an
   AdamW step; token_reward_direct: GRPOTrainer's loss on the per-token logps distill's trainer
-  gives it; the divergence losses (jsd included) through `methods.opd.divergence_loss`;
+  gives it; the divergence losses (jsd included) through `methods.signal.Signal.divergence_loss`;
 - opd-xf:<loss>: the same OPD step through the cross-family path (methods/cross_family.py) with
   `method.cross_family=always`, which forces it for the one tokenizer the pair shares: each row
   aligned into byte groups, the group targets on the batch grid, the group loss through the same
@@ -189,7 +189,6 @@ def _on_policy_loss(
     cross: Any = None,
 ) -> Any:
     from distill.config import OPDMethod
-    from distill.methods.on_policy import divergence_loss
     from distill.methods.scoring import opd_advantages
 
     loss_name = kind.split(":")[1] if kind.startswith(("opd:", "opd-xf:")) else "token_reward_direct"
@@ -220,22 +219,18 @@ def _on_policy_loss(
                 inputs["completion_ids"],
                 inputs["completion_mask"],
             )
-    return divergence_loss(_trainer(OPDMethod(loss=loss_name, top_k=TOP_K), teacher), student.model, inputs)
+    signal = _signal(OPDMethod(loss=loss_name, top_k=TOP_K), teacher)
+    return signal.divergence_loss(0, student.model, student.model, inputs)
 
 
-def _trainer(method: Any, teacher: Any, cross: Any = None) -> Any:
-    """The attributes of OPDTrainer that the loss functions read."""
-    from types import SimpleNamespace
+def _signal(method: Any, teacher: Any, cross: Any = None) -> Any:
+    """The trainer's loss side (methods/signal.py), its figures kept and dropped."""
+    from distill.methods.signal import Signal
+    from distill.tracking.base import NullTracker
+    from distill.tracking.steplog import SilentLog
 
-    ctx = SimpleNamespace(
-        method_as=lambda _: method, log=SimpleNamespace(add=lambda _: None), local_teacher=lambda: teacher
-    )
-    return SimpleNamespace(
-        distill_ctx=ctx,
-        accelerator=SimpleNamespace(unwrap_model=lambda m: m),
-        state=SimpleNamespace(global_step=0),
-        cross=cross,
-    )
+    head = teacher.model.get_output_embeddings() if method.loss == "jsd" else None
+    return Signal(method, SilentLog(NullTracker()), cross, head)
 
 
 def _cross_loss(
@@ -248,10 +243,9 @@ def _cross_loss(
     inputs: dict[str, Any],
 ) -> Any:
     """opd-xf: align, score the crossed ids, place the group targets, and the group loss (the
-    trainer's path: on_policy.set_advantages / divergence_loss with `trainer.cross` set)."""
+    trainer's path: Signal.set_advantages / divergence_loss with the cross-family groups)."""
     from distill.config import OPDMethod
     from distill.methods.cross_family import group_advantages
-    from distill.methods.on_policy import divergence_loss
 
     prompts, completions = batch
     samples = cross.align(completions)
@@ -262,9 +256,9 @@ def _cross_loss(
     inputs.update(targets)
     method = OPDMethod(loss=loss_name, top_k=TOP_K, cross_family="always")
     if loss_name == "token_reward_direct":
-        advantages, _, _ = group_advantages(method, cross.mode, inputs, own.logprobs_B_T.detach())
+        advantages, _ = group_advantages(method, cross.mode, inputs, own.logprobs_B_T.detach())
         return grpo_loss(student.model, inputs, advantages)
-    return divergence_loss(_trainer(method, teacher, cross), student.model, inputs)
+    return _signal(method, teacher, cross).divergence_loss(0, student.model, student.model, inputs)
 
 
 def child(

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from distill import registry
 from distill.config import OPDMethod
 from distill.domains import build_domain
 from distill.engines.hf import HFEngine
@@ -31,9 +32,10 @@ if TYPE_CHECKING:
 Say = Callable[[str], Any]  # prints a line for the user
 
 
-def load_engine(spec: ModelConfig, config: RunConfig, settings: Settings) -> Engine:
-    """The student's or teacher's engine: a zoo name is built on first use."""
-    path = resolve_model(spec.name, config.domain, settings)
+def load_engine(spec: ModelConfig, config: RunConfig, settings: Settings, part: str | None = None) -> Engine:
+    """The student's or teacher's engine: a zoo name is built on first use (`part`: the domain of
+    a mixed run the teacher serves: `zoo:teacher` is that domain's)."""
+    path = resolve_model(spec.name, config.domain, settings, part=part)
     if spec.engine == "server":  # engines/compat.py has checked the method can use a served teacher
         return ServerEngine.load(path, str(spec.url), spec.server, spec.enable_thinking)
     return HFEngine.load(path, spec.precision, spec.enable_thinking)
@@ -49,12 +51,34 @@ def load_student(config: RunConfig, settings: Settings) -> HFEngine:
 
 @dataclass
 class Prepared:
-    """A run's method, domain and engines, loaded."""
+    """A run's method, domain and engines, loaded. `teachers`: each domain's teacher in a run over
+    several domains (`teacher` is the first's); empty for one domain."""
 
     train: Callable[[RunContext], None]
     domain: Domain
     student: HFEngine
     teacher: Engine
+    teachers: dict[str, Engine]
+
+
+def load_teachers(config: RunConfig, settings: Settings) -> dict[str, Engine]:
+    """Each domain's teacher of a run over several domains, each loaded once (two domains with
+    one teacher share its engine); empty for a one-domain run."""
+    parts = registry.domain_parts(config.domain.name)
+    if len(parts) == 1:
+        return {}
+    own = registry.method_entry(config.method.name).own_teacher
+    loaded: dict[tuple[str, str], Engine] = {}
+    out: dict[str, Engine] = {}
+    for part in parts:
+        spec = config.teacher_of(part)
+        # An own teacher (opsd) is the student's weights: one engine, whatever the domain.
+        path = spec.name if own else resolve_model(spec.name, config.domain, settings, part=part)
+        key = (path, spec.model_dump_json())
+        if key not in loaded:
+            loaded[key] = load_engine(spec.model_copy(update={"name": path}), config, settings)
+        out[part] = loaded[key]
+    return out
 
 
 def prepare(config: RunConfig, settings: Settings) -> Prepared:
@@ -73,7 +97,8 @@ def prepare(config: RunConfig, settings: Settings) -> Prepared:
     domain = build_domain(config.domain)
     try:
         student = load_student(config, settings)
-        teacher = load_engine(config.teacher, config, settings)
+        teachers = load_teachers(config, settings)
+        teacher = next(iter(teachers.values())) if teachers else load_engine(config.teacher, config, settings)
     except BaseException:
         domain.close()
         raise
@@ -81,7 +106,7 @@ def prepare(config: RunConfig, settings: Settings) -> Prepared:
     # the cached zoo models are the same whatever `threads` a run asks for.
     if config.threads:
         torch.set_num_threads(config.threads)
-    return Prepared(train, domain, student, teacher)
+    return Prepared(train, domain, student, teacher, teachers)
 
 
 def budget_warnings(config: RunConfig, domain: Domain, student: Engine, teacher: Engine) -> list[str]:

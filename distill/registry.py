@@ -42,6 +42,7 @@ DOMAINS: dict[str, DomainEntry] = {
     ),
 }
 
+
 @dataclass(frozen=True)
 class MethodEntry:
     """A method's code and what it can do: the config, the engines, the grid and preflight read
@@ -69,6 +70,8 @@ class MethodEntry:
     episodic_fields: tuple[str, ...] = ()
     # The OPD-family losses it supports on episodic domains (None: every one, or no loss knob).
     episodic_losses: tuple[str, ...] | None = None
+    # Trains on several domains in one run (`rlve+dapo`), each row scored by its domain's teacher.
+    multi_domain: bool = False
 
     @property
     def cross_family_scoring(self) -> bool:
@@ -98,6 +101,7 @@ METHODS: dict[str, MethodEntry] = {
         teacher="scores",
         trl_rollout=True,
         async_teacher=True,
+        multi_domain=True,
         # Cross-family OPD is single-turn: the episodic path refuses cross-family pairs.
         single_turn_fields=("group_advantage", "cross_family"),
         episodic_losses=_EPISODIC_LOSSES,
@@ -109,6 +113,7 @@ METHODS: dict[str, MethodEntry] = {
         view="privileged",
         own_teacher=True,
         trl_rollout=True,
+        multi_domain=True,
         episodic_fields=("privileged_every_turn",),
         episodic_losses=_EPISODIC_LOSSES,
     ),
@@ -130,6 +135,17 @@ BENCHMARKS: dict[str, BenchmarkEntry] = {
 }
 
 
+# A run over several domains names them joined by this (`rlve+dapo`): its domain word, preset folder
+# (`configs/rlve+dapo/`), zoo folder and MLflow tag.
+MIX = "+"
+MIXED = DomainEntry("distill.domains.mixed:build", "distill.domains.mixed.config:MixConfig")
+
+
+def domain_parts(name: str) -> list[str]:
+    """The domains a domain word names: `rlve` -> [rlve], `rlve+dapo` -> [rlve, dapo]."""
+    return name.split(MIX)
+
+
 def resolve(target: str) -> Any:
     """The object a "module:attr" entry names (imports its module)."""
     module, attr = target.split(":")
@@ -137,6 +153,19 @@ def resolve(target: str) -> Any:
 
 
 def domain_entry(name: str) -> DomainEntry:
+    """A domain's entry; a mix of single-turn domains (`rlve+dapo`) is the mixed domain's."""
+    if MIX in name:
+        parts = domain_parts(name)
+        if len(parts) != len(set(parts)) or "" in parts:
+            raise ValueError(
+                f"domain {name!r}: name each domain once, joined by {MIX!r} (e.g. rlve{MIX}dapo)"
+            )
+        for part in parts:
+            if domain_entry(part).episodic:
+                raise ValueError(
+                    f"domain {name!r}: a run over several domains takes single-turn ones; {part} is multi-turn"
+                )
+        return MIXED
     try:
         return DOMAINS[name]
     except KeyError:

@@ -30,10 +30,10 @@ from distill.diagnose.records import load_run
 from distill.diagnose.report import build_report
 from distill.engines.compat import check_config
 from distill.engines.hf import HFEngine
-from distill.evals import evaluator_for
 from distill.methods.context import RunContext, train_or_take_final
 from distill.methods.preflight import PreflightError, failure_entry
 from distill.prepare import budget_warnings, preflight, prepare
+from distill.run_eval import RunEval, parts_recorder
 from distill.tracking.base import NullTracker
 from distill.tracking.lock import RunLock
 from distill.tracking.record import log_record, open_run_tracker
@@ -137,7 +137,8 @@ def _execute(
         domain=config.domain.name,
         method=config.method.name,
         student=config.student.name,
-        teacher=config.teacher.name,
+        # A teacher per domain: `rlve=zoo:teacher, dapo=<path>`.
+        teacher=", ".join(f"{d}={t.name}" for d, t in config.teachers.items()) or config.teacher.name,
         run_dir=str(run.path.resolve()),
         pid=os.getpid(),
         started=summary.get("started", _now()),
@@ -268,15 +269,20 @@ def _train_and_evaluate(job: Job, domains: list[Domain]) -> None:
         if path.exists():
             tracker.log_artifact(path)
     log = StepLog(run, tracker)
-    evaluate = _run_eval(job, domain, log)
+    evaluate = RunEval(config, run, domain, log)
     if "student_before" not in summary:
-        summary["student_before"] = evaluate(student, "eval: student (before)", 0, "").metrics
+        before = parts_recorder(summary, "student_before")
+        summary["student_before"] = evaluate(student, "eval: student (before)", 0, "", before).metrics
         if config.eval.eval_teacher:
-            summary["teacher_score"] = evaluate(teacher, "eval: teacher", 0, "teacher/").metrics
+            teachers = prepared.teachers or teacher
+            record = parts_recorder(summary, "teacher_score")
+            summary["teacher_score"] = evaluate(teachers, "eval: teacher", 0, "teacher/", record).metrics
         run.write_summary(summary)
     say(_score_line("student before", summary["student_before"]))
     if "teacher_score" in summary:
         say(_score_line("teacher", summary["teacher_score"]))
+    for part, scores in (summary.get("parts") or {}).items():
+        say("  ".join(_score_line(f"{part} {k.replace('_', ' ')}", m) for k, m in scores.items()))
 
     def evaluate_student(step: int, model: Any) -> EvalResult:
         live = HFEngine(model, student.tokenizer, student.enable_thinking)
@@ -293,29 +299,18 @@ def _train_and_evaluate(job: Job, domains: list[Domain]) -> None:
         evaluate_student,
         callbacks=job.callbacks,
         say=say,
+        teachers=prepared.teachers,
     )
     say(f"training: {config.method.name} for {config.optim.max_steps} steps")
     student = train_or_take_final(ctx, train)
     student.model.eval()
-    summary["student_after"] = evaluate(student, "eval: student (after)", config.optim.max_steps, "").metrics
+    after = parts_recorder(summary, "student_after")
+    summary["student_after"] = evaluate(
+        student, "eval: student (after)", config.optim.max_steps, "", after
+    ).metrics
     summary["steps"] = config.optim.max_steps
     summary["seconds"] = round(time.time() - start + summary.get("seconds", 0.0), 1)
     tracker.set_tags({"checkpoint.final": str(run.checkpoint(config.optim.max_steps))})
-
-
-def _run_eval(job: Job, domain: Domain, log: Any) -> Callable[[Engine, str, int, str], EvalResult]:
-    """The run's eval: its items, written to `eval/` and logged under the domain's name."""
-    evaluate = evaluator_for(domain)
-    config = job.config
-    items = domain.eval_items()[: config.eval.items]
-
-    def run_eval(engine: Engine, label: str, step: int, prefix: str) -> EvalResult:
-        result = evaluate(engine, domain, items, config.eval, label)
-        result.write(job.run.eval_file(step, prefix))
-        log.write(step, {f"{prefix}{k}": v for k, v in result.named(config.domain.name).items()})
-        return result
-
-    return run_eval
 
 
 def _manifest(job: Job, student: Engine, teacher: Engine) -> dict[str, Any]:

@@ -134,4 +134,4 @@ def test_divergence_losses_refuse_a_sharded_student(monkeypatch: pytest.MonkeyPa
     # Refused before the domain, the engines or the log are touched: none is needed.
     ctx = RunContext(RunConfig(method=OPDMethod(loss=loss)), RunDir(Path(".")), None, None, None, None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=f"method.loss={loss} trains in several processes with DDP only"):
-        train_on_policy(ctx, TeacherSide(None, plain_prompt))  # type: ignore[arg-type]
+        train_on_policy(ctx, {"rlve": TeacherSide(None, plain_prompt)})  # type: ignore[arg-type]

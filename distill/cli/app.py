@@ -64,7 +64,13 @@ def run(
         str | None, typer.Option(help="continue a run (id or path) from its last checkpoint")
     ] = None,
     student: Annotated[str | None, typer.Option(help="student model: zoo:<name>, a path or a hub id")] = None,
-    teacher: Annotated[str | None, typer.Option(help="teacher model: zoo:<name>, a path or a hub id")] = None,
+    teacher: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="teacher model: zoo:<name>, a path or a hub id; DOMAIN=MODEL names one domain's "
+            "teacher (repeat it for each domain of a --domain rlve,dapo run)"
+        ),
+    ] = None,
     preflight: Annotated[
         bool, typer.Option("--preflight", help="only check prompts, templates and masks; train nothing")
     ] = False,
@@ -82,10 +88,10 @@ def run(
     from distill.settings import get_settings
 
     settings = get_settings()
-    overrides = list(overrides or [])
-    for flag, value in (("student.name", student), ("teacher.name", teacher)):
-        if value:
-            overrides.append(f"{flag}={value}")
+    try:
+        overrides = [*(overrides or []), *model_overrides(student, teacher or [])]
+    except ValueError as exc:
+        raise fail(str(exc)) from None
     if resume is not None and (domain or method or config or overrides):
         raise fail("--resume takes the run's saved config; drop the other options")
     try:
@@ -125,6 +131,28 @@ def run(
 
     if is_main_process():  # the other ranks of a multi-process run only trained
         print_run_summary(summary, settings)
+
+
+def model_overrides(student: str | None, teachers: list[str]) -> list[str]:
+    """`--student MODEL` -> student.name; `--teacher MODEL` -> teacher.name; `--teacher
+    DOMAIN=MODEL` -> teachers.DOMAIN.name (a domain named twice is refused: two teachers for one
+    domain)."""
+    from distill import registry
+
+    out: list[str] = [f"student.name={student}"] if student else []
+    seen: set[str] = set()
+    for value in teachers:
+        domain, sep, model = value.partition("=")
+        if sep and domain in registry.DOMAINS:
+            if domain in seen:
+                raise ValueError(f"--teacher: two teachers for {domain}; give each domain's teacher once")
+            seen.add(domain)
+            out.append(f"teachers.{domain}.name={model}")
+        else:
+            out.append(f"teacher.name={value}")
+    if len(teachers) - len(seen) > 1:
+        raise ValueError("--teacher: two teachers without a domain; name one, or DOMAIN=MODEL for each domain")
+    return out
 
 
 def _preflight_only(cfg: RunConfig | None, settings: Settings) -> None:

@@ -1,6 +1,7 @@
-"""The run configuration: the models (`models.py`) and how presets, files and overrides become
-one validated `RunConfig` (`files.py`)."""
+"""The run configuration: the models (`models.py`, the methods' in `methods.py`) and how presets,
+files and overrides become one validated `RunConfig` (`files.py`)."""
 
+from distill.config.base import ConfigError, Precision, Strict
 from distill.config.files import (
     deep_merge,
     dump_config,
@@ -14,26 +15,25 @@ from distill.config.files import (
     resolve_config,
     set_dotted,
 )
-from distill.config.models import (
+from distill.config.methods import (
     OPSD_TEMPLATE,
-    CheckpointConfig,
-    ConfigError,
-    DomainBase,
-    EvalConfig,
-    LoRAConfig,
     MethodConfig,
-    ModelConfig,
     OnPolicyKL,
     OPDMethod,
     OPSDMethod,
-    OptimConfig,
-    Precision,
-    RolloutConfig,
     ROSEMethod,
+    SFTMethod,
+)
+from distill.config.models import (
+    CheckpointConfig,
+    DomainBase,
+    EvalConfig,
+    LoRAConfig,
+    ModelConfig,
+    OptimConfig,
+    RolloutConfig,
     RunConfig,
     ServerClientConfig,
-    SFTMethod,
-    Strict,
     TrackingConfig,
     domain_config,
     domain_model,

@@ -98,17 +98,22 @@ def resolve_config(
     }
     domain = domain or named.get("domain.name") or _dig(file_data, "domain", "name") or "rlve"
     method = method or named.get("method.name") or _dig(file_data, "method", "name") or "opd"
-    if domain not in registry.DOMAINS:
-        raise ConfigError(f"unknown domain {domain!r}; known: {', '.join(registry.DOMAINS)}")
+    # `--domain rlve,dapo` names a run over both: the domain word joins them (`rlve+dapo`).
+    domain = registry.MIX.join(part.strip() for part in str(domain).split(","))
+    try:
+        registry.domain_entry(domain)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if method not in registry.METHODS:
         raise ConfigError(f"unknown method {method!r}; known: {', '.join(registry.METHODS)}")
-    preset = preset_path(domain, method)
-    if preset.exists():
-        data = read_yaml(preset)
+    data = _preset(domain, method)
     data = deep_merge(data, file_data)
     data = deep_merge(data, {"domain": {"name": domain}, "method": {"name": method}})
     for path, value in parsed:
         set_dotted(data, path, value)
+    for spec in (data.get("teachers") or {}).values():
+        if isinstance(spec, dict) and "name" not in spec:
+            spec["name"] = "zoo:teacher"
     for role in ("student", "teacher"):
         # `teacher.engine=server teacher.url=...` alone keeps the schema's default model, as any
         # other partial override does (opsd's teacher is the student: RunConfig fills it).
@@ -120,6 +125,21 @@ def resolve_config(
         return RunConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
+
+
+def _preset(domain: str, method: str) -> dict[str, Any]:
+    """`configs/<domain>/<method>.yaml`; for a mix without a preset of its own (`dapo+rlve`), the
+    first part's preset with every part's own `domain:` section."""
+    preset = preset_path(domain, method)
+    if preset.exists():
+        return read_yaml(preset)
+    parts = registry.domain_parts(domain)
+    if len(parts) == 1:
+        return {}
+    presets = {part: read_yaml(p) if (p := preset_path(part, method)).exists() else {} for part in parts}
+    data = {k: v for k, v in presets[parts[0]].items() if k != "domain"}
+    data["domain"] = {"parts": {part: presets[part].get("domain", {}) for part in parts}}
+    return data
 
 
 # What `distill eval` reads of a config: the domain's items and the sampling of the eval.

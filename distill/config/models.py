@@ -1,7 +1,7 @@
 """The run configuration: one pydantic model per concern, composed into `RunConfig`.
 
-Every default lives here (a domain's own fields in `distill/domains/<name>/config.py`, found
-through the registry). Nothing heavy is imported here: `distill --help` and config errors must
+Every default lives in this package (the methods' in `methods.py`; a domain's own fields in
+`distill/domains/<name>/config.py`, found through the registry). Nothing heavy is imported here: `distill --help` and config errors must
 stay instant.
 """
 
@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SerializeAsAny,
     ValidationError,
@@ -22,17 +20,8 @@ from pydantic import (
 )
 
 from distill import registry
-
-Precision = Literal["fp32", "bf16", "fp16"]
-
-
-class Strict(BaseModel):
-    # coerce_numbers_to_str: `tracking.run_name=2024` arrives from YAML as an int.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, coerce_numbers_to_str=True)
-
-
-class ConfigError(ValueError):
-    """A one-line, user-facing configuration error (CLI exit code 2)."""
+from distill.config.base import ConfigError, Precision, Strict
+from distill.config.methods import MethodConfig, OPDMethod
 
 
 class ServerClientConfig(Strict):
@@ -126,136 +115,6 @@ def domain_config(name: str, **fields: Any) -> DomainBase:
         return model.model_validate({"name": name, **fields})
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, prefix="domain")) from None
-
-
-class SFTMethod(Strict):
-    name: Literal["sft"] = "sft"
-    # Keep only teacher trajectories the verifier accepts.
-    keep_verified_only: bool = True
-    # Teacher trajectories written per training prompt.
-    samples_per_prompt: int = Field(1, ge=1)
-    # Teacher sampling temperature for its trajectories; 0 is greedy.
-    temperature: float = Field(0.0, ge=0)
-    epochs: float = Field(1.0, gt=0)
-    # Episodic domains: CE only on the teacher turns whose action the environment accepted; its
-    # rejected ones ("No known action matches that input.") stay in the context, unlabelled, as
-    # the zoo teacher's detours were (a student should not learn to guess).
-    valid_turns_only: bool = False
-
-
-class OnPolicyKL(Strict):
-    """What OPD and OPSD share: the student samples, a teacher scores the same token ids."""
-
-    # token_reward_direct: A_t = coef * (logp_teacher - logp_student) into the policy-gradient loss,
-    # not normalised. k1, k3/low_var_kl: direct KL losses on sampled tokens. forward_kl_topk:
-    # KL(teacher || student) over the teacher's top_k. jsd: full-vocabulary generalised JSD (beta).
-    loss: Literal["token_reward_direct", "k1", "k3", "low_var_kl", "forward_kl_topk", "jsd"] = (
-        "token_reward_direct"
-    )
-    coef: float = 1.0
-    # Optional symmetric clamp of the advantage; None keeps the reference semantics.
-    advantage_clip: float | None = Field(None, gt=0)
-    top_k: int = Field(20, ge=1)
-    # forward_kl_topk: match the teacher's mass outside its top-k as one tail bucket.
-    topk_tail: bool = True
-    # jsd: 0 forward KL, 1 reverse KL, in between generalised JSD (TRL's convention).
-    beta: float = Field(0.5, ge=0, le=1)
-
-
-class OPDMethod(OnPolicyKL):
-    name: Literal["opd"] = "opd"
-    # Cross-family pairs (docs/cross_family.md): a byte group's signal on the student's tokens.
-    # spread: on every student token of the group (the exact gradient of the group objective);
-    # last: on the group's last student token only.
-    group_advantage: Literal["spread", "last"] = "spread"
-    # auto: the byte-aligned cross-family path when the tokenizers differ; always: also for a
-    # shared tokenizer (a check: it gives exactly same-family OPD).
-    cross_family: Literal["auto", "always"] = "auto"
-
-
-# The reference document's privileged teacher prompt (OPSD): problem, reference solution, transition.
-OPSD_TEMPLATE = (
-    "Problem: {problem}\n\n"
-    "Here is a reference solution to this problem:\n"
-    "=== Reference Solution Begin ===\n"
-    "{solution}\n"
-    "=== Reference Solution End ===\n\n\n"
-    "After understanding the reference solution and the rationale behind each step, now articulate your "
-    "own step-by-step reasoning that derives the same final answer to the problem above."
-)
-
-
-class OPSDMethod(OnPolicyKL):
-    """One model is student and teacher; the teacher's prompt carries a privileged solution."""
-
-    name: Literal["opsd"] = "opsd"
-    # The teacher's user message; {problem} is the student's prompt, {solution} the domain's
-    # privileged context (worked solution, else the reference answer).
-    teacher_template: str = OPSD_TEMPLATE
-    # base: frozen step-0 weights; live: the student being trained; ema: an average of the student.
-    teacher_weights: Literal["base", "live", "ema"] = "base"
-    ema_decay: float = Field(0.99, gt=0, lt=1)
-    # Episodic: the privileged context at the end of every user message of the teacher's view,
-    # next to each turn it scores, instead of once in the first (teacher_template unused). A
-    # small model does not read a plan ~1k tokens back (docs/sciworld.md).
-    privileged_every_turn: bool = False
-
-    @field_validator("teacher_template")
-    @classmethod
-    def _known_placeholders(cls, value: str) -> str:
-        try:
-            value.format(problem="", solution="")
-        except (KeyError, IndexError) as exc:
-            raise ValueError(f"unknown placeholder {exc}; use {{problem}} and {{solution}}") from None
-        return value
-
-
-class ROSEMethod(Strict):
-    """The student writes a prefix (mask 0), the teacher continues it (mask 1), CE on the
-    teacher's tokens only.
-
-    Single-turn domains: the prefix is K student tokens of one response and the teacher writes at
-    most t tokens in the same assistant turn. Episodic domains: the prefix is the student's first
-    N turns and the teacher writes the following turns, each of at most t tokens. A field the
-    run's domain cannot honour is refused (`RunConfig._method_fits_domain`).
-    """
-
-    name: Literal["rose"] = "rose"
-    # K in student tokens; with prefix_tokens_min set, the upper end of K's range (single-turn).
-    prefix_tokens: int = Field(64, ge=0)
-    # Draw K uniformly from [prefix_tokens_min, prefix_tokens] per sample (capped at the student's
-    # response); None: K is fixed. A fixed K never trains the first K positions, which then drift.
-    prefix_tokens_min: int | None = Field(0, ge=0)
-    # Cut at this fraction of the student's full response instead (overrides prefix_tokens).
-    prefix_fraction: float | None = Field(None, ge=0, le=1)
-    # N: the student's turns before the teacher takes over, with student_turns_min set the upper
-    # end of N's range, drawn per episode (episodic domains).
-    student_turns: int = Field(2, ge=0)
-    student_turns_min: int | None = Field(0, ge=0)
-    # t: the teacher's budget per assistant turn it writes, in teacher tokens.
-    teacher_max_tokens: int = Field(64, ge=1)
-    # Teacher sampling temperature for its continuation; 0 is greedy.
-    teacher_temperature: float = Field(0.0, ge=0)
-    # Episodic: CE only on the episodes that end in success (full score), as teacher-SFT's
-    # keep_verified_only; a step none of whose episodes succeeds updates nothing. On sciworld 60%
-    # of the episodes fail after the handover (80% of the teacher's turns), yet keeping only the
-    # rest did not lift the Score at 160 steps (docs/grid.md), so the preset leaves it off.
-    keep_verified_only: bool = False
-
-    @model_validator(mode="after")
-    def _range(self) -> ROSEMethod:
-        if self.prefix_tokens_min is not None and self.prefix_tokens_min > self.prefix_tokens:
-            raise ValueError(
-                f"prefix_tokens_min ({self.prefix_tokens_min}) is above prefix_tokens ({self.prefix_tokens})"
-            )
-        if self.student_turns_min is not None and self.student_turns_min > self.student_turns:
-            raise ValueError(
-                f"student_turns_min ({self.student_turns_min}) is above student_turns ({self.student_turns})"
-            )
-        return self
-
-
-MethodConfig = Annotated[SFTMethod | OPDMethod | OPSDMethod | ROSEMethod, Field(discriminator="name")]
 
 
 class LoRAConfig(Strict):
@@ -380,6 +239,9 @@ class RunConfig(Strict):
     method: MethodConfig = Field(default_factory=OPDMethod)
     student: ModelConfig = Field(default_factory=lambda: ModelConfig(name="zoo:student"))
     teacher: ModelConfig = Field(default_factory=lambda: ModelConfig(name="zoo:teacher"))
+    # A teacher per domain (`--teacher rlve=A --teacher dapo=B`): when given, it names every
+    # domain's teacher and `teacher` stays unset. `zoo:teacher` is each domain's own zoo teacher.
+    teachers: dict[str, ModelConfig] = Field(default_factory=dict)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
@@ -462,6 +324,44 @@ class RunConfig(Strict):
                 f"{' and '.join(supported)}"
             )
         return self
+
+    @model_validator(mode="after")
+    def _a_teacher_per_domain(self) -> RunConfig:
+        """Several domains need a method that can route rows to their domain's teacher; `teachers`
+        names each domain's teacher, once, and only where the method has a teacher of its own."""
+        parts = registry.domain_parts(self.domain.name)
+        entry = registry.method_entry(self.method.name)
+        if len(parts) > 1 and not entry.multi_domain:
+            able = ", ".join(m for m, e in registry.METHODS.items() if e.multi_domain)
+            raise ValueError(
+                f"method {self.method.name} trains on one domain per run (its rows would need their own "
+                f"domain's teacher, not built yet); methods for {self.domain.name}: {able}"
+            )
+        if not self.teachers:
+            return self
+        if entry.own_teacher:
+            raise ValueError(f"teachers: {self.method.name}'s teacher is the student itself; drop teachers")
+        unknown = [d for d in self.teachers if d not in parts]
+        if unknown:
+            raise ValueError(
+                f"teachers.{unknown[0]}: {unknown[0]} is not a domain of this run ({', '.join(parts)})"
+            )
+        missing = [d for d in parts if d not in self.teachers]
+        if missing:
+            raise ValueError(
+                f"domain {missing[0]} has no teacher (teachers names {', '.join(self.teachers)}): "
+                f"add --teacher {missing[0]}=<model>"
+            )
+        if self.teacher != ModelConfig(name="zoo:teacher"):
+            raise ValueError(
+                f"two teachers for {parts[0]}: teacher={self.teacher.name} and teachers.{parts[0]}="
+                f"{self.teachers[parts[0]].name}; name every domain's teacher as domain=model, or one teacher"
+            )
+        return self
+
+    def teacher_of(self, domain: str) -> ModelConfig:
+        """The teacher of one of the run's domains."""
+        return self.teachers.get(domain, self.teacher)
 
 
 def format_validation_error(exc: ValidationError, prefix: str = "") -> str:

@@ -63,20 +63,26 @@ def topk_forward_kl_per_token(
     student_logprobs_N_K: torch.Tensor,
     teacher_topk_logprobs_N_K: torch.Tensor,
     tail: bool = True,
+    mapped_N_K: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """KL(teacher || student) restricted to the teacher's top-k, plus a tail bucket.
 
     `student_logprobs_N_K` are the student's logprobs at the teacher's top-k ids (from one chunked
-    pass over the head, `engines.heads.head_gather`). Without the tail term the loss ignores the
+    pass over the head, `kernels.heads.head_gather`). Without the tail term the loss ignores the
     teacher mass outside its top-k, which rewards a student that puts all its mass on those k
-    tokens even where the teacher is uncertain.
+    tokens even where the teacher is uncertain. `mapped_N_K` (1 or 0): the top-k entries the
+    student can represent; the teacher's mass on the others joins the tail bucket (an id beyond
+    the student's rows, a token of another vocabulary it lacks). All 1: the same numbers as None.
     """
     p_T_N_K = teacher_topk_logprobs_N_K.exp()
+    p_S_N_K = student_logprobs_N_K.exp()
+    if mapped_N_K is not None:
+        p_T_N_K, p_S_N_K = p_T_N_K * mapped_N_K, p_S_N_K * mapped_N_K
     kl_N = (p_T_N_K * (teacher_topk_logprobs_N_K - student_logprobs_N_K)).sum(-1)
     if tail:
         eps = torch.finfo(student_logprobs_N_K.dtype).tiny
         tail_T_N = (1.0 - p_T_N_K.sum(-1)).clamp_min(0.0)
-        tail_S_N = (1.0 - student_logprobs_N_K.exp().sum(-1)).clamp_min(eps)
+        tail_S_N = (1.0 - p_S_N_K.sum(-1)).clamp_min(eps)
         # 0 * log 0 = 0: a teacher with no tail mass contributes nothing.
         kl_N = kl_N + torch.where(
             tail_T_N > 0, tail_T_N * (tail_T_N.clamp_min(eps).log() - tail_S_N.log()), 0.0

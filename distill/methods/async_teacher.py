@@ -24,8 +24,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from distill.engines.hf import HFEngine
 from distill.engines.worker import WorkerEngine
-from distill.methods.batch import Batches, Rollouts, Scorer
+from distill.methods.batch import Batches, Rollouts, Scorer, TeacherSide
 
 if TYPE_CHECKING:
     from distill.engines.base import TokenScores
@@ -33,33 +34,42 @@ if TYPE_CHECKING:
 
 # This step's rollouts of `inputs` (GRPO's generation and bookkeeping), timed.
 Generate = Callable[[list[dict[str, Any]]], Rollouts]
-# The trainer's batch from a step's rollouts, the teacher's scores of them and the perf figures.
-Finish = Callable[[Rollouts, "TokenScores", dict[str, float]], dict[str, Any]]
+Scored = dict[str, tuple["TokenScores", float]]
+# The trainer's batch from a step's rollouts, the teachers' scores of them and the perf figures.
+Finish = Callable[[Rollouts, Scored, dict[str, float]], dict[str, Any]]
 
 
-def teacher_scorer(ctx: RunContext) -> tuple[Scorer, WorkerEngine | None]:
-    """What scores the teacher's batches off the trainer's thread: a served teacher itself (the
-    thread waits on its socket), else a worker process holding its own copy of the teacher."""
-    if ctx.config.teacher.engine == "server":
-        return ctx.teacher, None
-    teacher = ctx.local_teacher()
-    worker = WorkerEngine(
-        str(teacher.model.name_or_path),
-        ctx.config.teacher.precision,
-        teacher.enable_thinking,
-        ctx.config.threads,
-        wait=False,  # it loads while the trainer is set up; the first score waits for it
-    )
-    return worker, worker
+def teacher_scorers(ctx: RunContext, teachers: dict[str, TeacherSide]) -> tuple[dict[str, Scorer], list[WorkerEngine]]:
+    """What scores each domain's batches off the trainer's thread: a served teacher itself (its
+    thread waits on the socket), else a worker process holding its own copy of the teacher (one
+    per teacher, shared by the domains it teaches)."""
+    scorers: dict[str, Scorer] = {}
+    workers: dict[int, WorkerEngine] = {}
+    for part, side in teachers.items():
+        engine = side.engine
+        if not isinstance(engine, HFEngine):
+            scorers[part] = engine
+            continue
+        if id(engine) not in workers:
+            workers[id(engine)] = WorkerEngine(
+                str(engine.model.name_or_path),
+                ctx.config.teacher_of(part).precision,
+                engine.enable_thinking,
+                ctx.config.threads,
+                wait=False,  # it loads while the trainer is set up; the first score waits for it
+            )
+        scorers[part] = workers[id(engine)]
+    return scorers, list(workers.values())
 
 
 class AsyncTeacher:
-    """Keeps one batch in flight with the teacher; see the module docstring."""
+    """Keeps one batch in flight with the teachers; see the module docstring."""
 
-    def __init__(self, ctx: RunContext) -> None:
-        self._scorer, self._worker = teacher_scorer(ctx)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="distill-teacher")
-        self._ahead: tuple[Rollouts, Future[tuple[TokenScores, float]]] | None = None
+    def __init__(self, ctx: RunContext, teachers: dict[str, TeacherSide]) -> None:
+        self._scorers, self._workers = teacher_scorers(ctx, teachers)
+        # One thread a teacher: several teachers score their rows of a batch at once.
+        self._pool = ThreadPoolExecutor(len(teachers), thread_name_prefix="distill-teacher")
+        self._ahead: tuple[Rollouts, list[Future[Scored]]] | None = None
         self._held: tuple[Any, Any] | None = None
         self._next_inputs: list[dict[str, Any]] | None = None
 
@@ -87,37 +97,38 @@ class AsyncTeacher:
         current, self._ahead = self._ahead, None
         if current is None or current[0].inputs is not inputs:
             if current is not None:
-                current[1].cancel()
+                for future in current[1]:
+                    future.cancel()
             current = self._launch(inputs, batches, generate)
-        batch, future = current
+        batch, futures = current
         upcoming, self._next_inputs = self._next_inputs, None
         if upcoming is not None and ahead:
-            # The student generates batch i+1 while the teacher scores batch i.
+            # The student generates batch i+1 while the teachers score batch i.
             self._ahead = self._launch(upcoming, batches, generate)
         start = time.perf_counter()
-        teacher, teacher_time = future.result()
+        scored: Scored = {}
+        for future in futures:
+            scored.update(future.result())
         wait = time.perf_counter() - start
+        teacher_time = max((seconds for _, seconds in scored.values()), default=0.0)
         perf = {
             "perf/teacher_time_s": teacher_time,
             "perf/teacher_wait_s": wait,
             "perf/overlap_s": max(teacher_time - wait, 0.0),
         }
-        return finish(batch, teacher, perf)
+        return finish(batch, scored, perf)
 
     def _launch(
         self, inputs: list[dict[str, Any]], batches: Batches, generate: Generate
-    ) -> tuple[Rollouts, Future[tuple[TokenScores, float]]]:
+    ) -> tuple[Rollouts, list[Future[Scored]]]:
         batch = generate(inputs)
-        return batch, self._pool.submit(self._score, batches, batch)
-
-    def _score(self, batches: Batches, batch: Rollouts) -> tuple[TokenScores, float]:
-        start = time.perf_counter()
-        scores = batches.score(self._scorer, batch)
-        return scores, time.perf_counter() - start
+        futures = [self._pool.submit(batches.score, {p: s}, batch) for p, s in self._scorers.items()]
+        return batch, futures
 
     def close(self) -> None:
         if self._ahead is not None:
-            self._ahead[1].cancel()
+            for future in self._ahead[1]:
+                future.cancel()
         self._pool.shutdown(wait=True, cancel_futures=True)
-        if self._worker is not None:
-            self._worker.close()
+        for worker in self._workers:
+            worker.close()

@@ -9,15 +9,18 @@ groups (cross_family.py). The student's side is computed in the loss forward (si
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from distill.config import OnPolicyKL
+from distill.domains.mixed import part_of
 from distill.methods.cross_family import CrossFamily
 from distill.methods.preflight import check_first_batch
-from distill.methods.scoring import check_lengths, unpad_rows
+from distill.methods.scoring import unpad_rows, vocab_rows
+from distill.methods.targets import identity_groups, merged, same_family
 from distill.methods.views import PromptFor
 
 if TYPE_CHECKING:
@@ -54,93 +57,170 @@ class TeacherSide:
 
 @dataclass
 class Rollouts:
-    """One step's rollouts as GRPO produced them, with what the teacher needs to score them."""
+    """One step's rollouts as GRPO produced them, with what the teachers need to score them."""
 
     inputs: list[dict[str, Any]]
     out: dict[str, Any]
     items: list[Item]
     prompt_rows: list[list[int]]
     completion_rows: list[list[int]]
+    # Each row's domain (its teacher), and that teacher's prompt (in its own chat template).
+    parts: list[str]
     teacher_prompts: list[list[int]]
     gen_time: float
-    # Cross-family (cross_family.py): each completion in the teacher's tokens, with its byte groups.
-    aligned: list[AlignedSample] | None = None
+    # Cross-family rows (cross_family.py): the completion in the teacher's tokens, with its byte
+    # groups; None for a row its teacher scores in the student's own ids.
+    aligned: list[AlignedSample | None]
+    # The share of sampled ids outside the vocabulary (cut_out_of_vocab: masked from there on).
+    out_of_vocab_rate: float = 0.0
 
-    @property
-    def teacher_rows(self) -> list[list[int]]:
-        """The completions as the teacher scores them: the student's own ids, or crossed ones."""
-        return self.completion_rows if self.aligned is None else [s.teacher_ids for s in self.aligned]
+    def rows_of(self, part: str) -> list[int]:
+        return [i for i, p in enumerate(self.parts) if p == part]
+
+    def teacher_row(self, i: int) -> list[int]:
+        """Row i's completion as its teacher scores it: the student's own ids, or crossed ones."""
+        sample = self.aligned[i]
+        return self.completion_rows[i] if sample is None else sample.teacher_ids
 
 
 class Batches:
-    """Rollouts -> teacher scores -> targets for one run (the state: its teacher, and whether
-    the first batch's preflight checks are still to run)."""
+    """Rollouts -> teacher scores -> targets for one run. Its state: a teacher per domain (one
+    for a one-domain run), and whether the first batch's preflight checks are still to run."""
 
-    def __init__(self, ctx: RunContext, teacher: TeacherSide) -> None:
+    def __init__(self, ctx: RunContext, teachers: dict[str, TeacherSide]) -> None:
         self.ctx = ctx
         self.method = ctx.method_as(OnPolicyKL)
-        self.teacher = teacher
+        self.teachers = teachers
+        self.parts = list(teachers)
+        # One teacher of another family among several: every row in the group layout (targets.py).
+        self.grouped = len(teachers) > 1 and any(t.cross is not None for t in teachers.values())
+        self.student_rows = vocab_rows(ctx.student)
         self._check_first = ctx.config.preflight
+        # A sampled id at or past this is masked (cut_out_of_vocab): the student's tokenizer must
+        # decode it, and a teacher scoring the same ids must have a row for it.
+        limits = [len(ctx.student.tokenizer)]
+        limits += [vocab_rows(t.engine) for t in teachers.values() if t.cross is None]
+        self.vocab_limit = min(limits)
 
-    def rollouts(self, inputs: list[dict[str, Any]], out: dict[str, Any], gen_time: float) -> Rollouts:
-        """GRPO's output for `inputs`, with the teacher's prompts (in its own chat template; for a
-        cross-family pair its own tokens too) and, cross-family, the aligned samples."""
+    @property
+    def cross(self) -> CrossFamily | None:
+        """The groups' settings when the loss reads byte groups (any teacher crosses), else None."""
+        crossing = [t.cross for t in self.teachers.values() if t.cross is not None]
+        return crossing[0] if crossing else None
+
+    def part_of(self, item: Item) -> str:
+        return part_of(item) if len(self.parts) > 1 else self.parts[0]
+
+    def rollouts(
+        self, inputs: list[dict[str, Any]], out: dict[str, Any], gen_time: float, out_of_vocab_rate: float
+    ) -> Rollouts:
+        """GRPO's output for `inputs` (cut at ids outside the vocabulary), with each row's teacher
+        prompt and, cross-family, its aligned sample."""
         items = [self.ctx.items[int(x["item_index"])] for x in inputs]
         completion_rows = unpad_rows(out["completion_ids"], out["completion_mask"])
-        teacher, cross = self.teacher, self.teacher.cross
+        parts = [self.part_of(item) for item in items]
+        aligned: list[AlignedSample | None] = [None] * len(items)
+        for part, side in self.teachers.items():
+            rows = [i for i, p in enumerate(parts) if p == part]
+            if side.cross is not None and rows:
+                for i, sample in zip(rows, side.cross.align([completion_rows[i] for i in rows]), strict=True):
+                    aligned[i] = sample
+        sides = [self.teachers[p] for p in parts]
         return Rollouts(
             inputs,
             out,
             items,
             unpad_rows(out["prompt_ids"], out["prompt_mask"]),
             completion_rows,
-            [teacher.prompt_for(teacher.engine, item) for item in items],
+            parts,
+            [side.prompt_for(side.engine, item) for side, item in zip(sides, items, strict=True)],
             gen_time,
-            None if cross is None else cross.align(completion_rows),
+            aligned,
+            out_of_vocab_rate,
         )
 
-    def score(self, scorer: Scorer, batch: Rollouts) -> TokenScores:
-        """The teacher's view of the sampled ids: its logprobs, and its top-k (forward_kl_topk) or
-        hidden states (jsd) from the same pass: one teacher forward per step."""
-        method = self.method
-        if method.loss == "jsd":
-            return scorer.score(batch.teacher_prompts, batch.teacher_rows, states=True)
-        # Cross-family: the top-k also says what could extend each token (tokenizer_bridge/boundary.py).
-        top_k = method.top_k if method.loss == "forward_kl_topk" or batch.aligned is not None else 0
-        return scorer.score(batch.teacher_prompts, batch.teacher_rows, top_k=top_k)
+    def score(self, scorers: dict[str, Scorer], batch: Rollouts) -> dict[str, tuple[TokenScores, float]]:
+        """Each `scorers` domain's teacher's view of its rows' sampled ids, and its seconds: its
+        logprobs, and its top-k (forward_kl_topk) or hidden states (jsd) from the same pass: one
+        forward a teacher."""
+        out: dict[str, tuple[TokenScores, float]] = {}
+        for part in scorers:
+            rows = batch.rows_of(part)
+            if not rows:
+                continue
+            start = time.perf_counter()
+            prompts = [batch.teacher_prompts[i] for i in rows]
+            completions = [batch.teacher_row(i) for i in rows]
+            if self.method.loss == "jsd":
+                scores = scorers[part].score(prompts, completions, states=True)
+            else:
+                # Cross-family: the top-k also says what could extend each token (boundary.py).
+                crossing = self.teachers[part].cross is not None
+                top_k = self.method.top_k if self.method.loss == "forward_kl_topk" or crossing else 0
+                scores = scorers[part].score(prompts, completions, top_k=top_k)
+            out[part] = scores, time.perf_counter() - start
+        return out
 
-    def targets(self, step: int, batch: Rollouts, teacher: TokenScores, perf: dict[str, float]) -> dict[str, Any]:
-        """The teacher's view of the rollouts into the trainer's batch, the student's figures and
+    def targets(
+        self, step: int, batch: Rollouts, scored: dict[str, tuple[TokenScores, float]], perf: dict[str, float]
+    ) -> dict[str, Any]:
+        """The teachers' view of the rollouts into the trainer's batch, the student's figures and
         samples. Advantages are set in the loss (signal.py); GRPO's own are zeroed."""
         ctx, out = self.ctx, batch.out
         mask_B_T = out["completion_mask"]
         out["advantages"] = torch.zeros_like(mask_B_T, dtype=torch.float32)
-        cross = self.teacher.cross
-        if cross is not None and batch.aligned is not None:
-            targets, figures = cross.targets(batch.aligned, teacher, mask_B_T)
-            out.update(targets)
-            ctx.log.add(figures)
-        else:
-            teacher = teacher.widened(mask_B_T.shape[1])
-            check_lengths(mask_B_T, teacher)
-            out["teacher_logps"] = teacher.logprobs_B_T.to(mask_B_T.device)
-            out.update(_divergence_targets(self.method, teacher, mask_B_T.device))
+        parts = [(part, batch.rows_of(part)) for part in self.parts if part in scored]
+        each = [(rows, self._targets(part, batch, rows, scored[part][0], mask_B_T)) for part, rows in parts]
+        out.update(each[0][1] if len(each) == 1 else merged(each, len(batch.parts)))
+        if len(self.parts) > 1:
+            out["domain_index"] = torch.tensor([self.parts.index(p) for p in batch.parts], device=mask_B_T.device)
+            perf = {**perf, **{f"perf/teacher_time_s/{p}": scored[p][1] for p, _ in parts}}
         if self._check_first:
             check_first_batch(ctx.student, out, batch.items, batch.prompt_rows, batch.completion_rows)
             self._check_first = False
-        log_rollouts(ctx, step, batch.items, batch.prompt_rows, batch.completion_rows)
-        ctx.log.add({"perf/gen_time_s": batch.gen_time, **perf})
+        log_rollouts(ctx, step, batch.items, batch.prompt_rows, batch.completion_rows, batch.parts)
+        ctx.log.add(
+            {"perf/gen_time_s": batch.gen_time, "student/out_of_vocab_rate": batch.out_of_vocab_rate, **perf}
+        )
         return out
 
+    def _targets(
+        self, part: str, batch: Rollouts, rows: list[int], teacher: TokenScores, mask_B_T: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """One teacher's targets for its rows (the batch's grid, those rows only)."""
+        cross = self.teachers[part].cross
+        mask_b_T = mask_B_T[torch.tensor(rows, dtype=torch.long, device=mask_B_T.device)]
+        if cross is not None:
+            samples = [batch.aligned[i] for i in rows]
+            assert all(s is not None for s in samples), "a cross-family row is aligned at generation"
+            targets, figures = cross.targets([s for s in samples if s is not None], teacher, mask_b_T)
+            self.ctx.log.add(figures if len(self.parts) == 1 else per_part(figures, part))
+            return targets
+        if self.grouped:
+            return identity_groups(self.method, teacher, mask_b_T, self.student_rows)
+        return same_family(self.method, teacher, mask_b_T)
 
-def _divergence_targets(method: OnPolicyKL, teacher: TokenScores, device: torch.device) -> dict[str, torch.Tensor]:
-    """What a divergence loss needs of the teacher beyond its sampled-token logprobs."""
-    if method.loss == "forward_kl_topk":
-        ids_B_T_K, logps_B_T_K = teacher.topk()
-        return {"teacher_topk_ids": ids_B_T_K.to(device), "teacher_topk_logps": logps_B_T_K.to(device)}
-    if method.loss == "jsd" and teacher.states_B_T_H is not None:
-        return {"teacher_hidden": teacher.states_B_T_H.to(device)}
-    return {}
+
+def per_part(figures: dict[str, float], part: str) -> dict[str, float]:
+    """`kl/aligned_share` -> `kl/<part>/aligned_share`: one domain's figures in a mixed run."""
+    out = {}
+    for key, value in figures.items():
+        head, _, tail = key.partition("/")
+        out[f"{head}/{part}/{tail}" if tail else f"{key}/{part}"] = value
+    return out
+
+
+def cut_out_of_vocab(out: dict[str, Any], limit: int) -> tuple[int, int]:
+    """Mask each completion from its first id at or past `limit` (a row of the student's head
+    the tokenizer cannot decode, or the teacher cannot score) to its end: the loss and the
+    teacher see the tokens before it only. Returns (such ids, completion tokens) of the batch."""
+    ids_B_T, mask_B_T = out["completion_ids"], out["completion_mask"]
+    outside_B_T = (ids_B_T >= limit) & mask_B_T.bool()
+    outside, tokens = int(outside_B_T.sum()), int(mask_B_T.sum())
+    if outside:
+        after_B_T = outside_B_T.long().cumsum(dim=1) > 0
+        out["completion_mask"] = mask_B_T * (~after_B_T).to(mask_B_T.dtype)
+    return outside, tokens
 
 
 def log_rollouts(
@@ -149,23 +229,27 @@ def log_rollouts(
     items: list[Item],
     prompt_rows: list[list[int]],
     completion_rows: list[list[int]],
+    parts: list[str],
 ) -> None:
-    """The student's side of the step: lengths, truncation, reward, accuracy; a few samples."""
+    """The student's side of the step: lengths, truncation, reward, accuracy (per domain too in
+    a mixed run); a few samples."""
     texts = ctx.student.tokenizer.batch_decode(completion_rows, skip_special_tokens=True)
     eos = set(ctx.student.eos_ids)
     truncated = [not (row and row[-1] in eos) for row in completion_rows]
     scores = ctx.domain.score_batch(items, texts)
     lengths = [len(c) for c in completion_rows]
-    ctx.log.add(
-        {
-            "student/completion_tokens_mean": sum(lengths) / len(lengths),
-            "student/completion_tokens_max": float(max(lengths)),
-            "student/truncation_rate": sum(truncated) / len(truncated),
-            "student/reward_mean": sum(s.reward for s in scores) / len(scores),
-            "student/accuracy": sum(s.correct for s in scores) / len(scores),
-            "_tokens": float(sum(lengths) + sum(len(p) for p in prompt_rows)),
-        }
-    )
+    figures = {
+        "student/completion_tokens_mean": sum(lengths) / len(lengths),
+        "student/completion_tokens_max": float(max(lengths)),
+        "student/truncation_rate": sum(truncated) / len(truncated),
+        "student/reward_mean": sum(s.reward for s in scores) / len(scores),
+        "student/accuracy": sum(s.correct for s in scores) / len(scores),
+        "_tokens": float(sum(lengths) + sum(len(p) for p in prompt_rows)),
+    }
+    for part in sorted(set(parts)) if len(set(parts)) > 1 else []:
+        mine = [s for s, p in zip(scores, parts, strict=True) if p == part]
+        figures[f"student/{part}/accuracy"] = sum(s.correct for s in mine) / len(mine)
+    ctx.log.add(figures)
     rows = [
         {
             "prompt": items[i].prompt,
@@ -173,6 +257,7 @@ def log_rollouts(
             "student_tokens": lengths[i],
             "truncated": truncated[i],
             "correct": scores[i].correct,
+            **({"domain": parts[i]} if len(set(parts)) > 1 else {}),
         }
         for i in range(min(ctx.config.tracking.sample_rows, len(items)))
     ]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from distill import registry
 from distill.engines.hf import HFEngine
 from distill.tracking.rundir import RunDir, step_of
 
@@ -40,6 +41,14 @@ class RunContext:
     callbacks: Sequence[Any] = ()
     # Where the run's lines go (the CLI's echo; a grid prefixes them with the cell).
     say: Callable[[str], None] = print
+    # A run over several domains: each domain's teacher (`teachers.<domain>`); empty: `teacher`
+    # teaches every domain.
+    teachers: dict[str, Engine] = field(default_factory=dict)
+
+    def teacher_engines(self) -> dict[str, Engine]:
+        """Each domain's teacher engine (one domain: {domain: teacher})."""
+        parts = registry.domain_parts(self.config.domain.name)
+        return {part: self.teachers.get(part, self.teacher) for part in parts}
 
     def method_as(self, kind: type[M]) -> M:
         """The run's method config as the model a method's code expects (the registry sends a

@@ -395,24 +395,8 @@ def group_advantages(
         adv_N = adv_N * view.last_N
     on = view.weight_N > 0
     clip_N = clipped(method, gap_N[on])
-    return scatter_positions(adv_N, mask), Figures(-(gap_N / view.size_N)[on], adv_N[on].sum(), clip_N)
-
-
-def mapped_topk_forward_kl(
-    student_N_K: torch.Tensor, teacher_N_K: torch.Tensor, mapped_N_K: torch.Tensor, tail: bool = True
-) -> torch.Tensor:
-    """`losses.topk_forward_kl_per_token` over the teacher's top-k entries the student's vocabulary
-    has (`mapped_N_K`); the unmapped teacher mass joins the tail bucket. All mapped: the same."""
-    p_T_N_K = teacher_N_K.exp() * mapped_N_K
-    kl_N = (p_T_N_K * (teacher_N_K - student_N_K)).sum(-1)
-    if tail:
-        eps = torch.finfo(student_N_K.dtype).tiny
-        tail_T_N = (1.0 - p_T_N_K.sum(-1)).clamp_min(0.0)
-        tail_S_N = (1.0 - (student_N_K.exp() * mapped_N_K).sum(-1)).clamp_min(eps)
-        kl_N = kl_N + torch.where(
-            tail_T_N > 0, tail_T_N * (tail_T_N.clamp_min(eps).log() - tail_S_N.log()), 0.0
-        )
-    return kl_N
+    figures = Figures(-(gap_N / view.size_N)[on], adv_N[on], clip_N, kept_N=on)
+    return scatter_positions(adv_N, mask), figures
 
 
 def group_divergence(
@@ -437,11 +421,11 @@ def group_divergence(
             hidden_N_H, weight, bias, ids_N_K1, teacher_ids_N_K.shape[-1]
         )
         logp_S_N = gathered[:, 0] - lse_N
-        topk_N = mapped_topk_forward_kl(
+        topk_N = losses.topk_forward_kl_per_token(
             gathered[:, 1:] - lse_N[:, None],
             inputs["teacher_topk_logps"][mask],
-            mapped_N_K.to(gathered.dtype),
             method.topk_tail,
+            mapped_N_K.to(gathered.dtype),
         )
         group_N = losses.direct_kl_per_token("k3", view.student(logp_S_N, mode), view.teacher_N)
         per_N = torch.where(view.single_N, topk_N, group_N * view.last_N) * view.weight_N
@@ -462,5 +446,5 @@ def group_divergence(
     gap_N = (view.teacher_N - view.student(logp_S_N.detach(), "spread")) * view.weight_N
     adv_N = advantages(method, gap_N) * view.weight_N * (view.last_N if mode == "last" else 1.0)
     on = view.weight_N > 0
-    figures = Figures(-(gap_N / view.size_N)[on], adv_N[on].sum(), clipped(method, gap_N[on]), **topk)
+    figures = Figures(-(gap_N / view.size_N)[on], adv_N[on], clipped(method, gap_N[on]), kept_N=on, **topk)
     return loss, figures

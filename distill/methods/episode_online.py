@@ -233,7 +233,7 @@ class EpisodeTrainer(OnlineTrainer):
         t0 = time.perf_counter()
         was_training = engine.model.training
         engine.model.eval()
-        episodes = seeded_play(ctx, engine, items, micro_batch_seed(cfg.seed, step, self._micro))
+        episodes = seeded_play(ctx, engine, items, micro_batch_seed(cfg.seed, step, self.micro.index))
         if was_training:
             engine.model.train()
         t1 = time.perf_counter()

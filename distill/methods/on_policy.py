@@ -35,7 +35,7 @@ from distill.engines.decode import lean_decoder
 from distill.kernels.states import completion_logprobs
 from distill.launch import per_device, sharded
 from distill.methods.async_teacher import AsyncTeacher
-from distill.methods.batch import Batches, Rollouts, TeacherSide
+from distill.methods.batch import Batches, Rollouts, TeacherSide, cut_out_of_vocab
 from distill.methods.callbacks import DistillCallback, quiet, trainer_common_args
 from distill.methods.signal import Signal
 
@@ -104,13 +104,13 @@ class OnPolicyTrainer(GRPOTrainer):
     """GRPOTrainer whose signal is the teacher's view of the student's own tokens."""
 
     def __init__(
-        self, ctx: RunContext, teacher: TeacherSide, pipeline: AsyncTeacher | None, **kwargs: Any
+        self, ctx: RunContext, teachers: dict[str, TeacherSide], pipeline: AsyncTeacher | None, **kwargs: Any
     ) -> None:
         method = ctx.method_as(OnPolicyKL)
         self.ctx = ctx
-        self.batches = Batches(ctx, teacher)
+        self.batches = Batches(ctx, teachers)
         teacher_head = ctx.local_teacher().model.get_output_embeddings() if method.loss == "jsd" else None
-        self.signal = Signal(method, ctx.log, teacher.cross, teacher_head)
+        self.signal = Signal(method, ctx.log, self.batches.cross, teacher_head, list(teachers))
         self.pipeline = pipeline
         self.direct = method.loss == "token_reward_direct"
         # token_reward_direct: the batch whose advantages the next logps forward fills in.
@@ -129,15 +129,19 @@ class OnPolicyTrainer(GRPOTrainer):
             )
         batch = self._rollouts(inputs)
         start = time.perf_counter()
-        scores = self.batches.score(self.batches.teacher.engine, batch)
+        scored = self.batches.score({p: t.engine for p, t in self.batches.teachers.items()}, batch)
         perf = {"perf/teacher_time_s": time.perf_counter() - start}
-        return self.batches.targets(step, batch, scores, perf)
+        return self.batches.targets(step, batch, scored, perf)
 
     def _rollouts(self, inputs: list[dict[str, Any]]) -> Rollouts:
-        """GRPO's rollouts (its generation and bookkeeping) with what the teacher needs."""
+        """GRPO's rollouts (its generation and bookkeeping) with what the teacher needs; a
+        completion is cut at an id outside the vocabulary (batch.cut_out_of_vocab)."""
         start = time.perf_counter()
         out = super()._generate_and_score_completions(inputs)
-        return self.batches.rollouts(inputs, out, time.perf_counter() - start)
+        outside, tokens = cut_out_of_vocab(out, self.batches.vocab_limit)
+        if outside:  # GRPO's loss normaliser counts the batch's supervised tokens
+            out["num_items_in_batch"] = self.accelerator.gather(out["completion_mask"].sum()).sum()
+        return self.batches.rollouts(inputs, out, time.perf_counter() - start, outside / max(tokens, 1))
 
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
         fetch = super().get_batch_samples
@@ -204,14 +208,15 @@ def _last_before_checkpoint(trainer: GRPOTrainer) -> bool:
     return every > 0 and step % every == 0
 
 
-def train_on_policy(ctx: RunContext, teacher: TeacherSide, callbacks: Sequence[Any] = ()) -> None:
-    """The loop OPD and OPSD share; they differ in the teacher and how it sees the problem."""
+def train_on_policy(ctx: RunContext, teachers: dict[str, TeacherSide], callbacks: Sequence[Any] = ()) -> None:
+    """The loop OPD and OPSD share; they differ in the teacher and how it sees the problem.
+    `teachers`: a teacher per domain of the run (one for a one-domain run)."""
     pipeline = None
     if ctx.config.rollout.async_teacher:
-        # Started first: the teacher's worker loads while the trainer is set up.
-        pipeline = AsyncTeacher(ctx)
+        # Started first: the teachers' workers load while the trainer is set up.
+        pipeline = AsyncTeacher(ctx, teachers)
     try:
-        _train(ctx, teacher, callbacks, pipeline)
+        _train(ctx, teachers, callbacks, pipeline)
     finally:
         if pipeline is not None:
             pipeline.close()
@@ -250,7 +255,7 @@ def grpo_args(ctx: RunContext) -> GRPOConfig:
 
 
 def _train(
-    ctx: RunContext, teacher: TeacherSide, callbacks: Sequence[Any], pipeline: AsyncTeacher | None
+    ctx: RunContext, teachers: dict[str, TeacherSide], callbacks: Sequence[Any], pipeline: AsyncTeacher | None
 ) -> None:
     cfg = ctx.config
     loss = ctx.method_as(OnPolicyKL).loss
@@ -269,7 +274,7 @@ def _train(
     with warnings.catch_warnings():
         # rollout_func is a public GRPOTrainer argument TRL still calls experimental.
         warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
-        trainer = _trainer(ctx, teacher, callbacks, pipeline, args, rows)
+        trainer = _trainer(ctx, teachers, callbacks, pipeline, args, rows)
     quiet(trainer).train(resume_from_checkpoint=str(ctx.resume_from) if ctx.resume_from else None)
     model: Any = trainer.model
     if cfg.lora.enabled:
@@ -280,7 +285,7 @@ def _train(
 
 def _trainer(
     ctx: RunContext,
-    teacher: TeacherSide,
+    teachers: dict[str, TeacherSide],
     callbacks: Sequence[Any],
     pipeline: AsyncTeacher | None,
     args: GRPOConfig,
@@ -288,7 +293,7 @@ def _trainer(
 ) -> OnPolicyTrainer:
     return OnPolicyTrainer(
         ctx,
-        teacher,
+        teachers,
         pipeline,
         model=ctx.student.model,
         reward_funcs=[_zero_reward],

@@ -46,15 +46,36 @@ class CECallback(DistillCallback):
         super().on_log(args, state, control, logs=logs, **kw)
 
 
+class MicroBatches:
+    """Which micro-batch of its optimizer step a `training_step` is, and its own draws: a function
+    of (run seed, step, micro-batch) only, so every gradient-accumulation micro-batch draws its
+    own and a run resumed at a step draws what the uninterrupted run drew there."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.step = -1  # the optimizer step the micro-batches being counted belong to
+        self.index = 0  # how many of its micro-batches so far
+
+    def begin(self, step: int) -> bool:
+        """Count a micro-batch of `step`; True on the first one of the step."""
+        first = step != self.step
+        if first:
+            self.step, self.index = step, 0
+        self.index += 1
+        return first
+
+    def rng(self) -> random.Random:
+        """This micro-batch's own random stream."""
+        return random.Random(self.seed * 1_000_003 + self.step * 1_009 + self.index)
+
+
 class OnlineTrainer(Trainer):
     """A Trainer whose batch of item indices is turned into rollouts inside each step."""
 
     def __init__(self, ctx: RunContext, **kwargs: Any) -> None:
         self.distill_ctx = ctx
         self._engine: HFEngine | None = None
-        # The optimizer step the micro-batches being counted belong to, and how many so far.
-        self._acc_step = -1
-        self._micro = 0
+        self.micro = MicroBatches(ctx.config.seed)
         super().__init__(**kwargs)
 
     def live_engine(self) -> HFEngine:
@@ -66,25 +87,13 @@ class OnlineTrainer(Trainer):
 
     def begin_micro_batch(self) -> bool:
         """Count this micro-batch; True on the first one of an optimizer step."""
-        step = self.state.global_step
-        first = step != self._acc_step
-        if first:
-            self._acc_step, self._micro = step, 0
-        self._micro += 1
-        return first
+        return self.micro.begin(self.state.global_step)
 
     def step_items(self, inputs: dict[str, Any]) -> list[Item]:
         """This micro-batch's items, each repeated for `rollout.num_generations` samples."""
         ctx = self.distill_ctx
         n = ctx.config.rollout.num_generations
         return [ctx.items[int(i)] for i in inputs["item_index"] for _ in range(n)]
-
-    def step_rng(self, per_micro_batch: bool = True) -> random.Random:
-        """The step's own random stream (seeded by run seed, step and micro-batch)."""
-        seed, step = self.distill_ctx.config.seed, self.state.global_step
-        if per_micro_batch:
-            return random.Random(seed * 1_000_003 + step * 1_009 + self._micro)
-        return random.Random(seed * 1_000_003 + step)
 
     def compute_loss(
         self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None

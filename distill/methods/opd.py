@@ -29,10 +29,16 @@ from distill.methods.views import plain_prompt
 def train(ctx: RunContext) -> None:
     cfg = ctx.config
     method = ctx.method_as(OPDMethod)
-    cross = None
-    if crosses(cfg, ctx.student, ctx.teacher):
-        reason = refusal(method, cfg.student.name, cfg.teacher.name)
-        if reason:
-            raise ValueError(reason)
-        cross = CrossFamily(ctx.student.tokenizer, ctx.teacher.tokenizer, method)
-    train_on_policy(ctx, TeacherSide(ctx.teacher, plain_prompt, cross))
+    teachers: dict[str, TeacherSide] = {}
+    crossings: dict[int, CrossFamily] = {}  # one bridge a teacher, shared by the domains it teaches
+    for part, engine in ctx.teacher_engines().items():
+        cross = None
+        if crosses(cfg, ctx.student, engine):
+            reason = refusal(method, cfg.student.name, cfg.teacher_of(part).name)
+            if reason:
+                raise ValueError(reason)
+            if id(engine) not in crossings:
+                crossings[id(engine)] = CrossFamily(ctx.student.tokenizer, engine.tokenizer, method)
+            cross = crossings[id(engine)]
+        teachers[part] = TeacherSide(engine, plain_prompt, cross)
+    train_on_policy(ctx, teachers)

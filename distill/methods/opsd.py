@@ -19,5 +19,6 @@ from distill.methods.views import privileged_prompt
 
 def train(ctx: RunContext) -> None:
     callbacks = setup_teacher(ctx)
-    prompt_for = privileged_prompt(ctx.method_as(OPSDMethod), ctx.domain)
-    train_on_policy(ctx, TeacherSide(ctx.teacher, prompt_for), callbacks)
+    # Its teacher is the student's own weights, for every domain of the run.
+    side = TeacherSide(ctx.teacher, privileged_prompt(ctx.method_as(OPSDMethod), ctx.domain))
+    train_on_policy(ctx, {part: side for part in ctx.teacher_engines()}, callbacks)

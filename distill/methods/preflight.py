@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from distill import registry
 from distill.methods.cross_family import crosses
+from distill.methods.scoring import vocab_rows
 from distill.methods.views import PromptFor, teacher_view, trainer_prompt_ids
 from distill.tokenizer_bridge.align import aligned_share
 from distill.tokenizer_bridge.bridge import TokenizerBridge
@@ -283,6 +285,8 @@ def preflight_report(
         report = run_preflight(
             config, student, teacher, items, view.prompt_for, view.same_template and not cross
         )
+        if registry.method_entry(config.method.name).teacher == "scores":
+            report.run("vocabulary", lambda: vocabulary(student, teacher, cross))
         if cross:
             report.run("aligned groups", lambda: aligned_groups(student, teacher, items[0]))
     except PreflightError as exc:
@@ -292,6 +296,25 @@ def preflight_report(
     if run is not None:
         run.write_preflight(report.to_json())
     return report
+
+
+def vocabulary(student: Engine, teacher: Engine, cross: bool) -> str:
+    """Both models' head rows and tokenizer sizes, and what happens to ids outside what both have:
+    rows beyond a tokenizer (Qwen3: 151,936 rows for 151,669 tokens) and a teacher with more rows
+    than the student are normal; the run masks and counts what it cannot use."""
+    s_rows, t_rows = vocab_rows(student), vocab_rows(teacher)
+    s_tok, t_tok = len(student.tokenizer), len(teacher.tokenizer)
+    sides = f"student {s_rows:,} rows / {s_tok:,} tokens, teacher {t_rows:,} rows / {t_tok:,} tokens"
+    if cross:
+        return (
+            f"{sides}; sampled ids >= {s_tok:,} are masked (student/out_of_vocab_rate); the teacher's "
+            "top-k reaches the student through the byte-level map, the rest goes to the tail bucket"
+        )
+    limit = min(s_tok, t_rows)
+    return (
+        f"{sides}; shared ids 0..{limit - 1:,}: sampled ids >= {limit:,} are masked "
+        f"(student/out_of_vocab_rate), teacher top-k ids >= {s_rows:,} go to the tail bucket"
+    )
 
 
 def aligned_groups(student: Engine, teacher: Engine, item: Item, max_new_tokens: int = 24) -> str:

@@ -89,9 +89,13 @@ def student_rollouts(
         batch_size=cfg.eval.batch_size,
     )
     eos = ctx.student.eos_ids
+    # An id past the tokenizer (rows beyond it: Qwen3's 151,936 for 151,669 tokens) cannot be
+    # decoded or bridged: the response is cut before it.
+    limit = len(ctx.student.tokenizer)
     rollouts = []
     for item, prompt, comp in zip(items, prompts, completions, strict=True):
         content = comp.ids[:-1] if comp.ids and comp.ids[-1] in eos else comp.ids
+        content = next((content[:i] for i, tok in enumerate(content) if tok >= limit), content)
         k = draw_prefix_len(method, len(content), rng)
         if not bridge.same:
             # A byte-level token can end inside a character: cut at the character boundary.
@@ -229,7 +233,7 @@ class ROSETrainer(OnlineTrainer):
             self._acc = []
             self._times = {"perf/gen_time_s": 0.0, "perf/teacher_time_s": 0.0, "perf/train_time_s": 0.0}
         batch_items = self.step_items(inputs)
-        rng = self.step_rng()
+        rng = self.micro.rng()
         engine = self.live_engine()
         t0 = time.perf_counter()
         engine.model.eval()  # Trainer.training_step switches it back to train mode

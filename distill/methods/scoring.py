@@ -15,7 +15,17 @@ from dataclasses import dataclass
 import torch
 
 from distill.config import OnPolicyKL
-from distill.engines.base import TokenScores
+from distill.engines.base import Engine, TokenScores
+
+
+def vocab_rows(engine: Engine) -> int:
+    """The ids `engine` can score: its output head's rows when the model is in this process (they
+    may differ from the tokenizer's size: Qwen3 has 151,936 rows for 151,669 tokens), else its
+    tokenizer's size."""
+    model = getattr(engine, "model", None)
+    head = getattr(model, "get_output_embeddings", lambda: None)() if model is not None else None
+    weight = getattr(head, "weight", None)
+    return int(weight.shape[0]) if weight is not None else len(engine.tokenizer)
 
 
 def unpad_rows(ids_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> list[list[int]]:
@@ -89,16 +99,24 @@ def clipped(method: OnPolicyKL, gap_N: torch.Tensor) -> torch.Tensor | None:
 @dataclass
 class Figures:
     """What one micro-batch's loss says about the signal, per supervised token: the reverse-KL
-    estimate (logp_S - logp_T), the advantages' sum, where the clamp bound, and for a top-k loss
-    the student's and the teacher's probability mass on the teacher's top-k ids and the share of
-    the teacher's top-k in the student's."""
+    estimate (logp_S - logp_T), the advantage, where the clamp bound, and for a top-k loss the
+    student's and the teacher's probability mass on the teacher's top-k ids and the share of the
+    teacher's top-k in the student's. `kept_N`: which of the batch's completion tokens (row-major)
+    the per-token figures are of (None: every one)."""
 
     reverse_kl_N: torch.Tensor
-    advantage_sum: torch.Tensor | None = None
+    advantage_N: torch.Tensor | None = None
     clipped_N: torch.Tensor | None = None
     student_topk_mass_N: torch.Tensor | None = None
     teacher_topk_mass_N: torch.Tensor | None = None
     topk_overlap: float | None = None
+    kept_N: torch.Tensor | None = None
+
+    def subset(self, select_N: torch.Tensor) -> Figures:
+        """The sampled-token figures of the tokens `select_N` marks (one domain's rows)."""
+        pick = None if self.advantage_N is None else self.advantage_N[select_N]
+        clip = None if self.clipped_N is None else self.clipped_N[select_N]
+        return Figures(self.reverse_kl_N[select_N], pick, clip)
 
 
 class KLMeter:
@@ -142,7 +160,8 @@ class KLMeter:
 
     def record(self, step: int, figures: Figures) -> dict[str, float]:
         """The step's `kl/` metrics with this micro-batch's `figures` in."""
-        out = self.add(step, figures.reverse_kl_N, figures.advantage_sum)
+        advantage_sum = None if figures.advantage_N is None else figures.advantage_N.sum()
+        out = self.add(step, figures.reverse_kl_N, advantage_sum)
         for name, values in (
             ("kl/clip_share", figures.clipped_N),
             ("kl/student_topk_mass", figures.student_topk_mass_N),

@@ -23,6 +23,7 @@ several iterations) compare like with like.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -48,6 +49,7 @@ class Signal:
         log: StepRecord,
         cross: CrossFamily | None = None,
         teacher_head: torch.nn.Module | None = None,
+        parts: Sequence[str] = (),
     ) -> None:
         if method.loss == "jsd" and teacher_head is None:
             raise ValueError("method.loss=jsd needs the teacher's output head in this process")
@@ -56,23 +58,34 @@ class Signal:
         self.cross = cross
         self.teacher_head = teacher_head
         self.meter = KLMeter()
+        # A run over several domains: each domain's figures too (`kl/<domain>/...`).
+        self.part_meters = {part: KLMeter() for part in parts} if len(parts) > 1 else {}
 
-    def _record(self, step: int, figures: Figures) -> None:
+    def _record(self, step: int, figures: Figures, inputs: dict[str, Any]) -> None:
         self.log.add(self.meter.record(step, figures))
+        if not self.part_meters:
+            return
+        mask_B_T = inputs["completion_mask"].bool()
+        domain_N = inputs["domain_index"][:, None].expand_as(mask_B_T)[mask_B_T]
+        if figures.kept_N is not None:
+            domain_N = domain_N[figures.kept_N]
+        for index, (part, meter) in enumerate(self.part_meters.items()):
+            mine = meter.record(step, figures.subset(domain_N == index))
+            self.log.add({k.replace("kl/", f"kl/{part}/", 1): v for k, v in mine.items()})
 
     def set_advantages(self, step: int, inputs: dict[str, Any], student_B_T: torch.Tensor) -> None:
         """token_reward_direct: A_t = coef * (logp_T - logp_S) from the loss forward's own student
         logprobs, into the batch GRPO's loss is about to read; the step's `kl/` figures."""
         if self.cross is not None:  # per byte group (cross_family.py)
             inputs["advantages"], figures = group_advantages(self.method, self.cross.mode, inputs, student_B_T)
-            self._record(step, figures)
+            self._record(step, figures, inputs)
             return
         mask_B_T = inputs["completion_mask"]
         gap_B_T = (inputs["teacher_logps"] - student_B_T) * mask_B_T
         adv_B_T = advantages(self.method, gap_B_T)
         inputs["advantages"] = adv_B_T * mask_B_T
         on = mask_B_T.bool()
-        self._record(step, Figures(-gap_B_T[on], adv_B_T[on].sum(), clipped(self.method, gap_B_T[on])))
+        self._record(step, Figures(-gap_B_T[on], adv_B_T[on], clipped(self.method, gap_B_T[on])), inputs)
 
     def divergence_loss(
         self, step: int, model: torch.nn.Module, head_model: torch.nn.Module, inputs: dict[str, Any]
@@ -88,7 +101,7 @@ class Signal:
         weight, bias = output_head(head_model)
         if self.cross is not None:  # per byte group (cross_family.py); jsd is refused cross-family
             loss, figures = group_divergence(method, self.cross.mode, (weight, bias), hidden_N_H, inputs)
-            self._record(step, figures)
+            self._record(step, figures, inputs)
             return loss
         sampled_N = inputs["completion_ids"][mask_B_T]
         teacher_N = inputs["teacher_logps"][mask_B_T]
@@ -111,7 +124,7 @@ class Signal:
             loss = per_token_N.sum() / max(per_token_N.numel(), 1)
         gap_N = teacher_N - logp_S_N.detach()
         adv_N = advantages(method, gap_N)
-        self._record(step, Figures(-gap_N, adv_N.sum(), clipped(method, gap_N), **topk))
+        self._record(step, Figures(-gap_N, adv_N, clipped(method, gap_N), **topk), inputs)
         return loss
 
 
@@ -127,17 +140,21 @@ def _topk_forward_kl(
     sampled_N = inputs["completion_ids"][mask_B_T]
     teacher_ids_N_K = inputs["teacher_topk_ids"][mask_B_T]
     teacher_logps_N_K = inputs["teacher_topk_logps"][mask_B_T]
-    ids_N_K1 = torch.cat([sampled_N[:, None], teacher_ids_N_K], dim=1)
+    # A teacher with more rows than the student may rank ids the student has no row for: their
+    # mass goes to the tail bucket (gathered at id 0, weighted 0).
+    mapped_N_K = teacher_ids_N_K < head[0].shape[0]
+    ids_N_K1 = torch.cat([sampled_N[:, None], torch.where(mapped_N_K, teacher_ids_N_K, 0)], dim=1)
     gathered, lse_N, student_ids_N_K, _ = head_gather_topk(
         hidden_N_H, head[0], head[1], ids_N_K1, teacher_ids_N_K.shape[-1]
     )
     student_N_K = gathered[:, 1:] - lse_N[:, None]
-    per_token_N = losses.topk_forward_kl_per_token(student_N_K, teacher_logps_N_K, method.topk_tail)
+    weight_N_K = mapped_N_K.to(student_N_K.dtype)
+    per_token_N = losses.topk_forward_kl_per_token(student_N_K, teacher_logps_N_K, method.topk_tail, weight_N_K)
     loss = per_token_N.sum() / max(per_token_N.numel(), 1)
     with torch.no_grad():
         topk = {
             "topk_overlap": losses.topk_overlap(student_ids_N_K, teacher_ids_N_K),
-            "student_topk_mass_N": student_N_K.exp().sum(-1),
+            "student_topk_mass_N": (student_N_K.exp() * weight_N_K).sum(-1),
             "teacher_topk_mass_N": teacher_logps_N_K.exp().sum(-1),
         }
     return loss, (gathered[:, 0] - lse_N).detach(), topk

@@ -115,8 +115,9 @@ def _connect(uri: str, experiment: str, artifact_root: Path | None) -> tuple[Mlf
 
 
 def mlflow_metric_name(key: str) -> str:
-    """MLflow rejects '@' in metric names: `eval/aime25/avg@16` is stored as `eval/aime25/avg_at_16`."""
-    return key.replace("@", "_at_")
+    """MLflow rejects '@' and '+' in metric names: `eval/aime25/avg@16` is stored as
+    `eval/aime25/avg_at_16`, a mixed domain's `eval/rlve+dapo/accuracy` as `eval/rlve_and_dapo/accuracy`."""
+    return key.replace("@", "_at_").replace("+", "_and_")
 
 
 class MlflowTracker:

@@ -15,10 +15,16 @@ if TYPE_CHECKING:
 PREFIX = "zoo:"
 
 
-def resolve_model(name: str, domain: DomainBase, settings: Settings, show_progress: bool = True) -> str:
-    """A loadable path or hub id for `name`, building zoo entries on first use."""
+def resolve_model(
+    name: str, domain: DomainBase, settings: Settings, show_progress: bool = True, part: str | None = None
+) -> str:
+    """A loadable path or hub id for `name`, building zoo entries on first use. `part`: the model
+    serves that domain of a mixed run (`zoo:teacher` -> its `teacher@<part>`, zoo/build.py)."""
     if not name.startswith(PREFIX):
         return name
-    from distill.zoo.build import ensure_built
+    from distill.zoo.build import PART, ensure_built
 
-    return str(ensure_built(settings.zoo_path, name[len(PREFIX) :], domain, show_progress))
+    entry = name[len(PREFIX) :]
+    if part is not None and len(getattr(domain, "parts", {})) > 1 and PART not in entry:
+        entry = f"{entry}{PART}{part}"
+    return str(ensure_built(settings.zoo_path, entry, domain, show_progress))

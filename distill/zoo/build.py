@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distill.config.models import OPSD_TEMPLATE
+from distill.config import OPSD_TEMPLATE
 from distill.zoo.batches import Example
 from distill.zoo.notices import build_notice, built_notice, remove_stale_builds
 from distill.zoo.recipes import (
@@ -46,7 +46,13 @@ _DATA_FIELDS = (
     "min_steps",
     "max_steps",
     "max_value",
+    # a mixed domain: its parts' sections and their weights.
+    "parts",
+    "mix",
 )
+# `<name>@<domain>` in a mixed zoo: the named model of one part, trained on that part's data with the
+# mix's tokenizer (so each domain's teacher shares the mixed student's vocabulary).
+PART = "@"
 
 
 _ADDED_FIELDS = {
@@ -70,10 +76,24 @@ def _lookup(name: str, recipes: Mapping[str, Recipe]) -> Recipe:
         raise ValueError(f"unknown zoo model {name!r}; known: {', '.join(sorted(recipes))}") from None
 
 
+def _target(
+    name: str, domain: DomainBase, recipes: Mapping[str, Recipe] | None
+) -> tuple[Recipe, DomainBase, Mapping[str, Recipe]]:
+    """(recipe, the domain config it trains on, the recipes its tokenizer comes from) of `name`
+    in `domain`'s zoo; `<name>@<part>` in a mixed zoo trains on that part with the mix's tokenizer."""
+    base, _, part = name.partition(PART)
+    if not part:
+        recipes = recipes if recipes is not None else recipes_for(domain.name)
+        return _lookup(name, recipes), domain, recipes
+    parts: dict[str, DomainBase] = getattr(domain, "parts", {})
+    if part not in parts:
+        raise ValueError(f"zoo model {name!r}: {part} is not a domain of the mixed zoo {domain.name!r}")
+    return _lookup(base, recipes_for(part)), parts[part], recipes_for(domain.name)
+
+
 def recipe_key(name: str, domain: DomainBase, recipes: Mapping[str, Recipe] | None = None) -> str:
-    recipes = recipes if recipes is not None else recipes_for(domain.name)
-    recipe = _lookup(name, recipes)
-    data = domain.data_key(set(_DATA_FIELDS))
+    recipe, data_config, tokenizer_recipes = _target(name, domain, recipes)
+    data = data_config.data_key(set(_DATA_FIELDS))
     dump = recipe.model_dump()
     # Fields added after the first builds: at their defaults they leave existing keys unchanged.
     for added, default in _ADDED_FIELDS.items():
@@ -81,7 +101,7 @@ def recipe_key(name: str, domain: DomainBase, recipes: Mapping[str, Recipe] | No
             del dump[added]
     parts: dict[str, Any] = {"recipe": dump, "data": data, "version": BUILD_VERSION}
     if isinstance(recipe, ModelRecipe):
-        parts["tokenizer"] = recipe_key(recipe.tokenizer, domain, recipes)
+        parts["tokenizer"] = recipe_key(recipe.tokenizer, domain, tokenizer_recipes)
     blob = json.dumps(parts, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
@@ -117,9 +137,7 @@ def ensure_built(
     `recipes` None: the domain's (`recipes_for`)."""
     from filelock import FileLock
 
-    if recipes is None:
-        recipes = recipes_for(domain_config.name)
-    recipe = _lookup(name, recipes)
+    recipe, data_config, tokenizer_recipes = _target(name, domain_config, recipes)
     target = entry_dir(root, name, domain_config, recipes)
     lock = Path(str(target) + ".lock")
     if (target / "zoo.json").exists():
@@ -137,7 +155,9 @@ def ensure_built(
             notice = build_notice(root, name, domain_config, target, _DATA_FIELDS)
             print(notice, file=sys.stderr, flush=True)
         try:
-            entry = _build_into(tmp, root, name, recipe, domain_config, recipes, show_progress)
+            entry = _build_into(
+                tmp, root, name, recipe, (data_config, domain_config), tokenizer_recipes, show_progress
+            )
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # a SIGKILL cannot get here: remove_stale_builds
             raise
@@ -154,15 +174,17 @@ def _build_into(
     root: Path,
     name: str,
     recipe: Recipe,
-    domain_config: DomainBase,
+    configs: tuple[DomainBase, DomainBase],
     recipes: Mapping[str, Recipe],
     show_progress: bool,
 ) -> ZooEntry:
-    """Build one entry into `tmp` (its tokenizer first, for a model) and write its zoo.json."""
+    """Build one entry into `tmp` (its tokenizer first, for a model) and write its zoo.json.
+    `configs`: the domain it trains on, and the zoo's (they differ for a part of a mixed zoo)."""
     from distill.domains import build_domain
 
+    data_config, domain_config = configs
     start = time.time()
-    domain = build_domain(domain_config)
+    domain = build_domain(data_config)
     if isinstance(recipe, TokenizerRecipe):
         extra = _build_tokenizer(recipe, domain, tmp)
     else:

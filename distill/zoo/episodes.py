@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from distill.config.models import OPSD_TEMPLATE
+from distill.config import OPSD_TEMPLATE
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

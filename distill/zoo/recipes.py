@@ -160,6 +160,9 @@ DOMAIN_RECIPES: dict[str, dict[str, Recipe]] = {
     # instead of 258 s, a point or two less accurate, and OPD's preset lifts the student about
     # as far (docs/grid.md, "`make run` in less work").
     "rlve": {"teacher": RECIPES["teacher"].model_copy(update={"steps": 250})},
+    # One student for both domains: each single-domain student's slice (256 items) from each part,
+    # and as many passes over them; each part's teacher is `teacher@<part>` (zoo/build.py).
+    "rlve+dapo": {"student": student_shape(steps=600, lr=3e-3, batch_size=32, data_items=512)},
     "sciworld": {
         # Without the detours (300 steps) the teacher scored higher on its own but, inside an
         # OPD student's loops, repeated the student's action or wrote none: it finished far

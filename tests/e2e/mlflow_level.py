@@ -9,6 +9,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from distill.tracking.mlflow import mlflow_metric_name
+
 Point = tuple[str, int, Any]
 
 
@@ -19,9 +21,9 @@ def _value(v: Any) -> Any:
 
 def file_points(run_dir: Path) -> Counter[Point]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    # MLflow refuses '@' in names: `avg@1` is stored as `avg_at_1`.
+    # MLflow refuses '@' and '+' in names: `avg@1` is stored as `avg_at_1` (tracking/mlflow.py).
     return Counter(
-        (k.replace("@", "_at_"), r["step"], _value(v)) for r in rows for k, v in r.items() if k != "step"
+        (mlflow_metric_name(k), r["step"], _value(v)) for r in rows for k, v in r.items() if k != "step"
     )
 
 

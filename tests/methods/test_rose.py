@@ -121,24 +121,16 @@ def test_draws_are_a_function_of_seed_step_and_micro_batch() -> None:
     (a fresh trainer at the checkpoint's step) draws what the uninterrupted one drew there. Its
     sampled tokens use torch's stream, which the Trainer's checkpoint restores
     (tests/e2e/test_kill_resume.py checks the whole resumed run bit for bit)."""
-    from types import SimpleNamespace
+    from distill.methods.online import MicroBatches
 
-    from transformers import TrainerState
+    def trainer(seed: int) -> MicroBatches:
+        return MicroBatches(seed)  # what a trainer's draws depend on: the run's seed and the step
 
-    from distill.methods.rose import ROSETrainer
-
-    def trainer(seed: int) -> Any:
-        t = object.__new__(ROSETrainer)  # the draw needs only the run's seed and the trainer state
-        t.distill_ctx = SimpleNamespace(config=SimpleNamespace(seed=seed))
-        t.state = TrainerState()
-        return t
-
-    def step_draws(t: Any, step: int, micro_batches: int = 2) -> list[list[int]]:
-        t.state.global_step = step
+    def step_draws(t: MicroBatches, step: int, micro_batches: int = 2) -> list[list[int]]:
         draws = []
         for _ in range(micro_batches):
-            t.begin_micro_batch()
-            rng = t.step_rng()
+            t.begin(step)
+            rng = t.rng()
             draws.append([draw_prefix_len(ROSEMethod(prefix_tokens=64), 60, rng) for _ in range(8)])
         return draws
 

@@ -1,0 +1,112 @@
+"""A run over several single-turn domains (`rlve+dapo`): one prompt stream drawn from each part by
+its weight, every item tagged with its part, so scoring, the teacher and the eval each go to the
+item's own domain.
+
+The training items are the parts' own (each cached as in a one-domain run), drawn without
+repetition in proportion to `domain.mix` and interleaved in a seeded order; `domain.train_size`
+is the total. The eval items are each part's, concatenated (the run evaluates each part on its
+own, `parts()`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from distill.domains import build_domain
+from distill.domains.base import Domain, Item, Score, cached_items
+from distill.domains.mixed.config import MixConfig
+
+if TYPE_CHECKING:
+    from distill.config import DomainBase
+
+# The item's domain, in `Item.meta`.
+PART = "domain"
+
+
+def part_of(item: Item) -> str:
+    """The domain a mixed run's item came from."""
+    part = item.meta.get(PART)
+    if not isinstance(part, str):
+        raise ValueError(f"item {item.id} carries no domain (not from a mixed run)")
+    return part
+
+
+def tagged(items: list[Item], part: str) -> list[Item]:
+    return [replace(item, meta={**item.meta, PART: part}) for item in items]
+
+
+def draw(parts: dict[str, list[Item]], weights: dict[str, float], total: int) -> list[Item]:
+    """`total` items, each part's share by its weight (its first items, none twice, at most all it
+    has), in one fixed order (the trainer shuffles them again, by the run's seed)."""
+    out: list[Item] = []
+    for name, items in parts.items():
+        out += items[: min(len(items), round(weights[name] * total))]
+    random.Random("+".join(parts)).shuffle(out)
+    return out
+
+
+class MixedDomain(Domain):
+    """The parts, each a domain of its own, behind one `Domain`."""
+
+    def __init__(self, config: MixConfig, parts: dict[str, Domain]) -> None:
+        self.config = config
+        self.name = config.name
+        self.domains = parts
+
+    def parts(self) -> dict[str, Domain]:
+        return dict(self.domains)
+
+    def train_items(self) -> list[Item]:
+        def make() -> list[Item]:
+            items = {name: tagged(d.train_items(), name) for name, d in self.domains.items()}
+            return draw(items, self.config.weights(), self.config.train_size)
+
+        return cached_items(self.config, "train", make)
+
+    def eval_items(self) -> list[Item]:
+        return [item for name, d in self.domains.items() for item in tagged(d.eval_items(), name)]
+
+    def score(self, item: Item, response: str) -> Score:
+        return self.domains[part_of(item)].score(item, response)
+
+    def score_batch(self, items: list[Item], responses: list[str]) -> list[Score]:
+        """Each part scores its own rows, in one batch each (a part may grade in worker processes)."""
+        if len(items) != len(responses):
+            raise ValueError(f"score_batch: {len(items)} items but {len(responses)} responses")
+        out: list[Score | None] = [None] * len(items)
+        for name, domain in self.domains.items():
+            rows = [i for i, item in enumerate(items) if part_of(item) == name]
+            if rows:
+                scores = domain.score_batch([items[i] for i in rows], [responses[i] for i in rows])
+                for i, score in zip(rows, scores, strict=True):
+                    out[i] = score
+        return [s for s in out if s is not None]
+
+    def solution_segments(self, item: Item, rng: random.Random | None = None) -> list[tuple[str, bool]]:
+        return self.domains[part_of(item)].solution_segments(item, rng)
+
+    def privileged_context(self, item: Item) -> str:
+        return self.domains[part_of(item)].privileged_context(item)
+
+    def corpus(self) -> list[str]:
+        return [text for domain in self.domains.values() for text in domain.corpus()]
+
+    def close(self) -> None:
+        for domain in self.domains.values():
+            domain.close()
+
+
+def build(config: DomainBase) -> MixedDomain:
+    if not isinstance(config, MixConfig):
+        raise TypeError(f"the mixed domain takes a MixConfig, not {type(config).__name__}")
+    parts: dict[str, Domain] = {}
+    try:
+        for name, part in config.parts.items():
+            parts[name] = build_domain(part)
+    except BaseException:
+        for domain in parts.values():
+            domain.close()
+        raise
+    return MixedDomain(config, parts)

@@ -1,0 +1,72 @@
+"""The teacher's scores as the loss reads them: per-row tensors on the trainer's [B, T] grid.
+
+One teacher of the student's tokenizer gives `teacher_logps` (and `teacher_topk_*` or
+`teacher_hidden` where the loss needs them). A teacher of another family gives its byte groups
+(`xf_*`, cross_family.py). A batch whose rows go to several teachers, one of them cross-family,
+holds every row as groups: a same-family row is one group per token (`identity_groups`), which
+the group path scores exactly as the same-family one (tests/methods/test_cross_family.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from distill.config import OnPolicyKL
+from distill.methods.scoring import check_lengths
+
+if TYPE_CHECKING:
+    from distill.engines.base import TokenScores
+
+
+def same_family(method: OnPolicyKL, teacher: TokenScores, mask_B_T: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A teacher of the student's tokenizer: its logprobs of the sampled ids, and its top-k
+    (forward_kl_topk) or hidden states (jsd), on the batch's grid (lengths checked, never cut)."""
+    teacher = teacher.widened(mask_B_T.shape[1])
+    check_lengths(mask_B_T, teacher)
+    device = mask_B_T.device
+    out = {"teacher_logps": teacher.logprobs_B_T.to(device)}
+    if method.loss == "forward_kl_topk":
+        ids_B_T_K, logps_B_T_K = teacher.topk()
+        out.update(teacher_topk_ids=ids_B_T_K.to(device), teacher_topk_logps=logps_B_T_K.to(device))
+    elif method.loss == "jsd" and teacher.states_B_T_H is not None:
+        out["teacher_hidden"] = teacher.states_B_T_H.to(device)
+    return out
+
+
+def identity_groups(
+    method: OnPolicyKL, teacher: TokenScores, mask_B_T: torch.Tensor, student_rows: int
+) -> dict[str, torch.Tensor]:
+    """A same-family teacher's rows in the cross-family layout: every token a group of its own,
+    supervised by the top-k where the loss reads one (ids the student has no row for: -1, the
+    tail bucket)."""
+    plain = same_family(method, teacher, mask_B_T)
+    B, T = mask_B_T.shape
+    on_B_T = mask_B_T.bool()
+    out = {
+        "xf_group": torch.arange(T, device=mask_B_T.device).expand(B, T).clone(),
+        "xf_weight": on_B_T.float(),
+        "xf_last": on_B_T.float(),
+        "xf_single": on_B_T.clone(),
+        "teacher_logps": plain["teacher_logps"] * on_B_T,
+    }
+    if "teacher_topk_ids" in plain:
+        ids_B_T_K = plain["teacher_topk_ids"]
+        out["teacher_topk_ids"] = torch.where(ids_B_T_K < student_rows, ids_B_T_K, -1)
+        out["teacher_topk_logps"] = plain["teacher_topk_logps"]
+    return out
+
+
+def merged(parts: list[tuple[list[int], dict[str, torch.Tensor]]], batch: int) -> dict[str, torch.Tensor]:
+    """Each teacher's targets of its own rows (`rows`, in the batch's order) on one [B, ...] grid;
+    a key one teacher lacks (a top-k a sampled-token group does not need) is zero for its rows."""
+    out: dict[str, torch.Tensor] = {}
+    for rows, targets in parts:
+        index = torch.tensor(rows, dtype=torch.long)
+        for key, value in targets.items():
+            if key not in out:
+                fill = -1 if key == "teacher_topk_ids" else 0
+                out[key] = value.new_full((batch, *value.shape[1:]), fill)
+            out[key][index.to(value.device)] = value
+    return out

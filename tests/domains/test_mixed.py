@@ -1,0 +1,109 @@
+"""A run over several domains (`--domain rlve,dapo`): its config, its teachers and its items."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+from typer.testing import CliRunner
+
+from distill.cli.app import app, model_overrides
+from distill.config import ConfigError, resolve_config
+from distill.domains import build_domain
+from distill.domains.base import Item
+from distill.domains.mixed import draw, part_of
+
+
+def test_two_domains_make_one_mixed_config_with_each_parts_own_fields() -> None:
+    cfg = resolve_config("rlve,dapo", "opd", None, ["domain.parts.dapo.max_value=30", "domain.mix.dapo=3"])
+    assert cfg.domain.name == "rlve+dapo"
+    assert cfg.domain.parts["dapo"].max_value == 30  # type: ignore[attr-defined]
+    assert cfg.domain.weights() == {"rlve": 0.25, "dapo": 0.75}  # type: ignore[attr-defined]
+    # Its own preset: the two single-domain OPD budgets together.
+    assert cfg.optim.max_steps == 600
+    # A mix without a preset of its own takes its first part's.
+    assert resolve_config("dapo,rlve", "opd").optim.max_steps == resolve_config("dapo", "opd").optim.max_steps
+
+
+@pytest.mark.parametrize(
+    ("domain", "method", "overrides", "message"),
+    [
+        ("rlve,sciworld", "opd", [], "a run over several domains takes single-turn ones; sciworld is multi-turn"),
+        ("rlve,rlve", "opd", [], "name each domain once"),
+        ("rlve,dapo", "rose", [], "method rose trains on one domain per run"),
+        ("rlve,dapo", "opd", ["teachers.dapo.name=zoo:teacher"], "domain rlve has no teacher"),
+        ("rlve", "opd", ["teachers.dapo.name=zoo:teacher"], "teachers.dapo: dapo is not a domain of this run"),
+        ("rlve,dapo", "opsd", ["teachers.dapo.name=x", "teachers.rlve.name=y"], "opsd's teacher is the student"),
+        ("rlve,dapo", "opd", ["domain.mix.rlve=0"], "mix.rlve: a weight must be > 0"),
+        ("rlve,dapo", "opd", ["domain.mix.aime=1"], "mix.aime: aime is not a part of rlve+dapo"),
+        (
+            "rlve,dapo",
+            "opd",
+            ["teacher.name=other", "teachers.rlve.name=a", "teachers.dapo.name=b"],
+            "two teachers for rlve",
+        ),
+    ],
+)
+def test_a_mix_that_cannot_run_is_one_config_error(
+    domain: str, method: str, overrides: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        resolve_config(domain, method, None, overrides)
+
+
+def test_teacher_flags_name_one_teacher_or_each_domains() -> None:
+    assert model_overrides(None, ["zoo:teacher"]) == ["teacher.name=zoo:teacher"]
+    assert model_overrides("s", ["rlve=zoo:teacher", "dapo=/models/t"]) == [
+        "student.name=s",
+        "teachers.rlve.name=zoo:teacher",
+        "teachers.dapo.name=/models/t",
+    ]
+    # A path with an '=' that is not a domain's stays one model.
+    assert model_overrides(None, ["/models/a=b"]) == ["teacher.name=/models/a=b"]
+    with pytest.raises(ValueError, match="two teachers for rlve"):
+        model_overrides(None, ["rlve=a", "rlve=b"])
+    with pytest.raises(ValueError, match="two teachers without a domain"):
+        model_overrides(None, ["a", "b"])
+
+
+def test_the_cli_refuses_two_teachers_for_one_domain_and_writes_nothing(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("DISTILL_WORKSPACE", str(tmp_path))
+    result = CliRunner().invoke(
+        app, ["run", "--domain", "rlve,dapo", "--teacher", "rlve=a", "--teacher", "rlve=b"]
+    )
+    assert result.exit_code == 2
+    assert "two teachers for rlve" in result.output
+    assert not (tmp_path / "runs").exists()
+
+
+def _item(i: int, part: str) -> Item:
+    return Item(id=f"{part}-{i}", prompt=f"{part} {i}", answer="1", meta={"domain": part})
+
+
+def test_draw_takes_each_parts_share_without_repeats() -> None:
+    parts = {"a": [_item(i, "a") for i in range(100)], "b": [_item(i, "b") for i in range(10)]}
+    items = draw(parts, {"a": 0.5, "b": 0.5}, 40)
+    assert Counter(part_of(i) for i in items) == {"a": 20, "b": 10}  # b has only 10
+    assert len({i.id for i in items}) == len(items)
+    assert draw(parts, {"a": 0.5, "b": 0.5}, 40) == items  # one fixed order
+
+
+@pytest.mark.integration
+def test_mixed_items_are_tagged_and_scored_by_their_own_domain(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("DISTILL_WORKSPACE", str(tmp_path))
+    cfg = resolve_config("rlve,dapo", "opd", None, ["domain.train_size=64"])
+    domain = build_domain(cfg.domain)
+    try:
+        train = domain.train_items()
+        assert Counter(part_of(i) for i in train) == {"rlve": 32, "dapo": 32}
+        evals = domain.eval_items()
+        assert {part_of(i) for i in evals} == {"rlve", "dapo"}
+        # Each row goes to its own verifier: the right answer scores 1 on either domain.
+        rows = [next(i for i in train if part_of(i) == p) for p in ("rlve", "dapo")]
+        scores = domain.score_batch(rows, [f"\\boxed{{{i.answer}}}" for i in rows])
+        assert [s.correct for s in scores] == [True, True]
+        wrong = domain.score_batch(rows, ["\\boxed{no}", "\\boxed{no}"])
+        assert [s.correct for s in wrong] == [False, False]
+    finally:
+        domain.close()
