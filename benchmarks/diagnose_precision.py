@@ -127,18 +127,12 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "topk-collapse",
-        (
-            *OPD,
-            "teacher.name=zoo:teacher-llama",
-            "method.loss=token_reward_direct",
-            "method.coef=-1",
-            "optim.scheduler=constant",
-        ),
+        (*OPD, "rollout.temperature=3.0"),
         ("topk_mass_collapse",),
-        "the student driven off its teacher's tokens (advantage sign flipped); cross-family, the path "
-        "that logs the top-k mass under a sampled-token loss. No loss of distill's moves the mass off "
-        "the top-k by itself (its forward KL pulls it on), so the symptom is planted by its cause's "
-        "opposite",
+        "the preset's forward KL over the teacher's top-k on rollouts sampled at temperature 3: the "
+        "student's mass leaves the teacher's tokens. No loss of distill's moves it off by itself (its "
+        "forward KL pulls it on; verl's was a top-k reverse KL), so the symptom is planted through the "
+        "rollouts",
         needs="kl/student_topk_mass",
     ),
     Plant(

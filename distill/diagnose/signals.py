@@ -50,8 +50,11 @@ def _aligned_ratio(s: Series, t: Series | None) -> Series:
     if t is None:
         return s
     common, si, ti = np.intersect1d(s.steps, t.steps, return_indices=True)
-    ratio = s.values[si] / np.maximum(t.values[ti], 1e-12)
-    return Series("student / teacher top-k mass", common, ratio)
+    # A step whose teacher mass is 0 scored no token (every sample masked, e.g. seam failures):
+    # its 0/0 is no evidence of a collapse.
+    scored = t.values[ti] > 0
+    ratio = s.values[si][scored] / t.values[ti][scored]
+    return Series("student / teacher top-k mass", common[scored], ratio)
 
 
 def topk_mass(rec: RunRecord) -> list[Finding]:

@@ -45,6 +45,20 @@ def test_topk_mass_collapse_warns_then_errors(make_run: MakeRun) -> None:
     assert f.fixes[0].override == "method.topk_tail=true"
 
 
+def test_topk_steps_that_scored_nothing_are_no_collapse(make_run: MakeRun) -> None:
+    # Every sample of an odd step masked out (seam failures): both masses are logged as 0.
+    make_run(
+        "empty",
+        config=TOPK,
+        metrics=series_rows(
+            30,
+            kl__student_topk_mass=lambda s: 0.0 if s % 2 == 0 else 0.95,
+            kl__teacher_topk_mass=lambda s: 0.0 if s % 2 == 0 else 0.99,
+        ),
+    )
+    assert topk_mass(load_run("empty")) == []
+
+
 def test_topk_mass_rising_toward_the_teacher_is_quiet(make_run: MakeRun) -> None:
     make_run(
         "learn",
