@@ -127,12 +127,11 @@ PLANTS: tuple[Plant, ...] = (
     ),
     Plant(
         "topk-collapse",
-        (*OPD, "rollout.temperature=3.0"),
+        (*OPD, "method.top_k=4", "optim.lr=0.1", "optim.scheduler=constant"),
         ("topk_mass_collapse",),
-        "the preset's forward KL over the teacher's top-k on rollouts sampled at temperature 3: the "
-        "student's mass leaves the teacher's tokens. No loss of distill's moves it off by itself (its "
-        "forward KL pulls it on; verl's was a top-k reverse KL), so the symptom is planted through the "
-        "rollouts",
+        "the preset's forward KL over the teacher's top-4 at lr 0.1: the diverging student's mass "
+        "leaves the teacher's tokens. No loss of distill's moves it off by itself (its forward KL "
+        "pulls it on; verl's collapse was a top-k reverse KL, which distill does not have)",
         needs="kl/student_topk_mass",
     ),
     Plant(

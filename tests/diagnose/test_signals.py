@@ -45,6 +45,33 @@ def test_topk_mass_collapse_warns_then_errors(make_run: MakeRun) -> None:
     assert f.fixes[0].override == "method.topk_tail=true"
 
 
+def test_topk_mass_collapse_in_the_first_update(make_run: MakeRun) -> None:
+    # The zoo at lr 0.1 (benchmarks/diagnose_precision.py): 0.96 at step 1, ~0.2-0.45 after; the
+    # first 20% window's mean already holds the collapse, the first step does not.
+    make_run(
+        "abrupt",
+        config=TOPK,
+        metrics=series_rows(
+            30,
+            kl__student_topk_mass=lambda s: 0.96 if s == 1 else 0.2 + 0.2 * (s % 2),
+            kl__teacher_topk_mass=lambda s: 0.98,
+        ),
+    )
+    [f] = topk_mass(load_run("abrupt"))
+    assert f.severity is Severity.WARNING and "98.0% -> " in f.title
+    # A student that starts low and climbs toward its teacher (the preset at temperature 3): quiet.
+    make_run(
+        "climb",
+        config=TOPK,
+        metrics=series_rows(
+            30,
+            kl__student_topk_mass=lambda s: 0.175 if s == 1 else 0.95,
+            kl__teacher_topk_mass=lambda s: 0.97,
+        ),
+    )
+    assert topk_mass(load_run("climb")) == []
+
+
 def test_topk_steps_that_scored_nothing_are_no_collapse(make_run: MakeRun) -> None:
     # Every sample of an odd step masked out (seam failures): both masses are logged as 0.
     make_run(
