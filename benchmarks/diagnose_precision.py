@@ -73,7 +73,7 @@ PLANTS: tuple[Plant, ...] = (
         "lr-collapse",
         (*SFT, "optim.lr=0.05"),
         ("eval_regression",),
-        "SFT at lr 0.05 (the preset: 3e-4); SFT because OPD's preset dips before it climbs at 30 steps",
+        "SFT at lr 0.05 (the preset: 3e-4)",
     ),
     Plant(
         "thinking-mismatch",
@@ -129,9 +129,8 @@ PLANTS: tuple[Plant, ...] = (
         "topk-collapse",
         (*OPD, "method.top_k=4", "optim.lr=0.1", "optim.scheduler=constant"),
         ("topk_mass_collapse",),
-        "the preset's forward KL over the teacher's top-4 at lr 0.1: the diverging student's mass "
-        "leaves the teacher's tokens. No loss of distill's moves it off by itself (its forward KL "
-        "pulls it on; verl's collapse was a top-k reverse KL, which distill does not have)",
+        "forward KL over the teacher's top-4 at lr 0.1: the diverging student's mass leaves the "
+        "teacher's tokens (distill has no top-k reverse KL, verl's cause)",
         needs="kl/student_topk_mass",
     ),
     Plant(
@@ -154,7 +153,7 @@ PLANTS: tuple[Plant, ...] = (
         "out-of-vocab",
         (*OPD, "student.name={faults}/padded-student"),
         ("out_of_vocab",),
-        "the zoo student with 16 head rows beyond its tokenizer, each a copy of <|im_end|>'s",
+        "the zoo student with 16 head rows beyond its tokenizer, each a copy of `<|im_end|>`'s",
         needs="student/out_of_vocab_rate",
         prepare="padded_student",
     ),
@@ -291,6 +290,19 @@ def to_markdown(rows: list[Row], healthy: list[RunOutcome], planted: dict[str, R
     return "\n".join(lines) + "\n"
 
 
+def plants_markdown(plants: Iterable[Plant]) -> str:
+    """One table row per plant: its name, how it is planted, its overrides and what catches it."""
+    lines = []
+    for p in plants:
+        args = " ".join(
+            a for a in p.args if not a.startswith("--") and a not in ("rlve", "opd", "rose", "sft")
+        )
+        method = p.args[3] if len(p.args) > 3 else "?"
+        expect = ", ".join(f"`{e}`" for e in p.expect) or "nothing at warning or above"
+        lines.append(f"| `{p.name}` ({method}) | {p.how}: `{args or '(the preset)'}` | {expect} |")
+    return "\n".join(lines) + "\n"
+
+
 def print_summary(rows: list[Row]) -> None:
     width = max([len(r.rule) for r in rows] + [4])
     print(f"{'rule':<{width}}  healthy  planted -> caught")
@@ -413,8 +425,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--remake", action="store_true", help="make every planted run again")
     ap.add_argument("--only", default="", help="comma-separated plant names")
     ap.add_argument("--out", type=Path, help="where the table goes (default: <faults>/diagnose-precision.md)")
+    ap.add_argument("--list", action="store_true", help="print the plants as Markdown rows and exit")
     args = ap.parse_args(argv)
     plants = [p for p in PLANTS if not args.only or p.name in args.only.split(",")]
+    if args.list:
+        print(plants_markdown(plants), end="")
+        return 0
     if args.make or args.remake:
         make_plants(plants, args.faults, args.remake)
     seen = [diagnose_dir(d) for ws in args.healthy for d in run_dirs(ws, args.grid)]
