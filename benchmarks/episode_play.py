@@ -21,6 +21,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from distill.config import Sampling
+
 
 def one_by_one_agent(engine: Any, max_new_tokens: int) -> Any:
     """The previous EngineAgent.act: each episode's turn decoded alone from its cache."""
@@ -31,12 +33,12 @@ def one_by_one_agent(engine: Any, max_new_tokens: int) -> Any:
             out = []
             for ep in episodes:
                 completion, self.caches[ep.uid] = self.engine.continue_generate(
-                    ep.ids, self.caches.get(ep.uid), self.max_new_tokens, self.temperature, self.top_p
+                    ep.ids, self.caches.get(ep.uid), self.sampling
                 )
                 out.append(completion)
             return out
 
-    return OneByOne(engine, "student", max_new_tokens)
+    return OneByOne(engine, "student", Sampling(max_new_tokens))
 
 
 def main() -> None:
@@ -67,8 +69,11 @@ def main() -> None:
     items, _ = domain.benchmark_items("agentgym", None, args.items * args.blocks * 3)  # type: ignore[attr-defined]
     # side -> (agent, lean decode step)
     sides = {
-        "batched": (lambda: EngineAgent(engine, "student", args.max_new_tokens), True),
-        "batched, transformers step": (lambda: EngineAgent(engine, "student", args.max_new_tokens), False),
+        "batched": (lambda: EngineAgent(engine, "student", Sampling(args.max_new_tokens)), True),
+        "batched, transformers step": (
+            lambda: EngineAgent(engine, "student", Sampling(args.max_new_tokens)),
+            False,
+        ),
         "one by one": (lambda: one_by_one_agent(engine, args.max_new_tokens), True),
     }
     frame = frame_for(engine.tokenizer, engine.enable_thinking)

@@ -50,6 +50,7 @@ import gpu_paths as paths  # noqa: E402
 import gpu_report  # noqa: E402
 
 from distill import hardware  # noqa: E402
+from distill.config import Sampling  # noqa: E402
 from distill.engines.hf import HFEngine  # noqa: E402
 from distill.kernels.heads import default_chunk_rows  # noqa: E402
 
@@ -361,7 +362,7 @@ def decode_part(args: argparse.Namespace, report: gpu_report.Report) -> None:
 
     def batched(engine: HFEngine) -> paths.Step:
         def step() -> dict[str, torch.Tensor]:
-            done = engine.continue_many(ids.tolist(), [None] * rows, new)
+            done = engine.continue_many(ids.tolist(), [None] * rows, Sampling(new))
             return {"tokens": torch.tensor([c.ids for c, _ in done])}
 
         return step

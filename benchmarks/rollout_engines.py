@@ -23,14 +23,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from distill.config import Sampling
+
 
 def _rates(engine: Any, prompts: list[list[int]], max_new_tokens: int, rounds: int) -> dict[str, float]:
     gen, score = [], []
     for _ in range(rounds):
         start = time.perf_counter()
-        completions = engine.generate(
-            prompts, max_new_tokens=max_new_tokens, temperature=1.0, batch_size=len(prompts)
-        )
+        completions = engine.generate(prompts, Sampling(max_new_tokens, 1.0), batch_size=len(prompts))
         gen_s = time.perf_counter() - start
         ids = [c.ids for c in completions]
         tokens = sum(len(c) for c in ids)
@@ -70,7 +70,7 @@ def main() -> None:
     hf = HFEngine.load(path)
     items = build_domain(domain_cfg).eval_items()[: args.prompts]
     prompts = [hf.prompt_ids(item.prompt) for item in items]
-    hf.generate(prompts[:2], max_new_tokens=4)  # warm-up
+    hf.generate(prompts[:2], Sampling(4))  # warm-up
     results: dict[str, Any] = {"hf": _rates(hf, prompts, args.max_new_tokens, args.rounds)}
 
     log = Path(tempfile.mkdtemp()) / "vllm.log"
@@ -84,7 +84,7 @@ def main() -> None:
         # One request for the whole batch, as hf's one generate call: vLLM batches it itself.
         client = ServerClientConfig(batch_size=len(prompts), concurrency=1, timeout_s=600)
         server = ServerEngine.load(path, url, client)
-        server.generate(prompts[:2], max_new_tokens=4)  # warm-up
+        server.generate(prompts[:2], Sampling(4))  # warm-up
         results["server"] = _rates(server, prompts, args.max_new_tokens, args.rounds)
         results["server"]["startup_s"] = startup_s
     finally:

@@ -69,7 +69,7 @@ def main() -> None:
     import torch
     from transformers import GenerationConfig
 
-    from distill.config import domain_config
+    from distill.config import Sampling, domain_config
     from distill.domains import build_domain
     from distill.engines.batched import continue_many
     from distill.engines.hf import HFEngine
@@ -99,7 +99,7 @@ def main() -> None:
         return [engine.completion(r, eos).ids for r in out[:, width:].tolist()]
 
     def lean() -> list[list[int]]:
-        done = continue_many(engine, rows, [None] * n, [budget] * n, args.temperature, 1.0)
+        done = continue_many(engine, rows, [None] * n, [budget] * n, Sampling(budget, args.temperature))
         assert done is not None
         return [completion.ids for completion, _ in done]
 

@@ -13,13 +13,18 @@ from distill import registry
 from distill.config import OPDMethod
 from distill.domains import build_domain
 from distill.engines.hf import HFEngine
+from distill.engines.placement import Role, cpu_note, place, this_machine
 from distill.engines.server import ServerEngine
+from distill.engines.templates import apply_chat_template
 from distill.methods import get_method
 from distill.methods.budget import context_checks
 from distill.methods.cross_family import crosses
 from distill.methods.cross_family import warning as cross_warning
+from distill.methods.pair import check_tokenizers
 from distill.methods.preflight import preflight_report
+from distill.zoo import PREFIX as ZOO
 from distill.zoo import resolve_model
+from distill.zoo.check import check_models
 
 if TYPE_CHECKING:
     from distill.config import ModelConfig, RunConfig
@@ -32,18 +37,82 @@ if TYPE_CHECKING:
 Say = Callable[[str], Any]  # prints a line for the user
 
 
-def load_engine(spec: ModelConfig, config: RunConfig, settings: Settings, part: str | None = None) -> Engine:
-    """The student's or teacher's engine: a zoo name is built on first use (`part`: the domain of
-    a mixed run the teacher serves: `zoo:teacher` is that domain's)."""
+def load_engine(
+    spec: ModelConfig, config: RunConfig, settings: Settings, part: str | None = None, role: Role = "teacher"
+) -> Engine:
+    """The student's or teacher's engine on the device its config and the machine give it
+    (engines/placement.py), with the chat template it renders with (engines/templates.py): a
+    zoo name is built on first use (`part`: the domain of a mixed run the teacher serves:
+    `zoo:teacher` is that domain's)."""
     path = resolve_model(spec.name, config.domain, settings, part=part)
+    engine: Engine
     if spec.engine == "server":  # engines/compat.py has checked the method can use a served teacher
-        return ServerEngine.load(path, str(spec.url), spec.server, spec.enable_thinking)
-    return HFEngine.load(path, spec.precision, spec.enable_thinking)
+        engine = ServerEngine.load(path, str(spec.url), spec.server, spec.enable_thinking)
+    else:
+        device = place(spec.device, role, this_machine())
+        engine = HFEngine.load(path, spec.precision, spec.enable_thinking, device=device)
+    apply_chat_template(
+        engine.tokenizer, spec.chat_template, spec.name, "student" if role == "student" else "teacher"
+    )
+    return engine
+
+
+def model_devices(config: RunConfig) -> dict[str, str]:
+    """Where each model of the run goes (`student.device`, `teacher.device`); PlacementError, a
+    ConfigError, when the machine cannot honour a field (checked before a run directory exists)."""
+    machine = this_machine()
+    out = {"student.device": place(config.student.device, "student", machine)}
+    for part, spec in (config.teachers or {"": config.teacher}).items():
+        if spec.engine == "hf" and not registry.method_entry(config.method.name).own_teacher:
+            field = f"teachers.{part}.device" if part else "teacher.device"
+            out[field] = place(spec.device, "teacher", machine, field)
+    return out
+
+
+def check_pair(config: RunConfig, settings: Settings) -> None:
+    """What the pair's tokenizers alone decide (methods/pair.py), before a run directory exists:
+    loads their tokenizers, not their weights. A zoo model not built yet is checked when the run
+    loads it (the zoo's own pairs are known to cross cleanly)."""
+    from transformers import AutoTokenizer
+
+    entry = registry.method_entry(config.method.name)
+    # Only a loss of one shared vocabulary (jsd) and a continuing teacher (its bridge) can be
+    # refused by the tokenizers; reading a 150k-token vocabulary costs seconds, so nothing else does.
+    if not (entry.teacher == "continues" or getattr(config.method, "loss", None) == "jsd"):
+        return
+    parts = registry.domain_parts(config.domain.name)
+    specs = {"": config.student, **{p: config.teacher_of(p) for p in parts}}
+    paths = {k: _built(spec.name, config, settings, k or None) for k, spec in specs.items()}
+    if any(path is None for path in paths.values()):
+        return
+    tokenizers = {k: AutoTokenizer.from_pretrained(str(path)) for k, path in paths.items()}
+    student = tokenizers.pop("")
+    domain = build_domain(config.domain)
+    try:
+        check_tokenizers(config, student, tokenizers, domain)
+    finally:
+        domain.close()
+
+
+def _built(name: str, config: RunConfig, settings: Settings, part: str | None) -> str | None:
+    """A model's local path or hub id; for a zoo name its entry when built, else None."""
+    if not name.startswith(ZOO):
+        return name
+    try:
+        path = resolve_model(name, config.domain, settings, show_progress=False, part=part, build=False)
+    except FileNotFoundError:
+        return None
+    return path
+
+
+def device_note(config: RunConfig) -> str | None:
+    """The one line said at start when a model stays on the CPU beside a GPU (None otherwise)."""
+    return cpu_note(model_devices(config), this_machine())
 
 
 def load_student(config: RunConfig, settings: Settings) -> HFEngine:
     """The student trains in this process: always the hf engine (the config refuses a server)."""
-    engine = load_engine(config.student, config, settings)
+    engine = load_engine(config.student, config, settings, role="student")
     if not isinstance(engine, HFEngine):
         raise ValueError("student.engine: the student trains in this process (engine=hf)")
     return engine
@@ -135,6 +204,10 @@ def preflight(
 
 def preflight_only(config: RunConfig, settings: Settings, say: Say) -> str:
     """`distill run --preflight`: load the pair, run the checks, train nothing, write nothing."""
+    check_models(config)  # a model or template that cannot load fails in one line, first
+    check_pair(config, settings)
+    if note := device_note(config):
+        say(note)
     domain = build_domain(config.domain)
     try:
         student = load_student(config, settings)

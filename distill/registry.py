@@ -72,6 +72,8 @@ class MethodEntry:
     episodic_losses: tuple[str, ...] | None = None
     # Trains on several domains in one run (`rlve+dapo`), each row scored by its domain's teacher.
     multi_domain: bool = False
+    # Trains through LoRA adapters (`lora.enabled`).
+    lora: bool = True
 
     @property
     def cross_family_scoring(self) -> bool:
@@ -121,6 +123,7 @@ METHODS: dict[str, MethodEntry] = {
         "distill.methods.rose:train",
         "distill.methods.episode_online:train_rose",
         teacher="continues",
+        lora=False,
         single_turn_fields=("prefix_tokens", "prefix_tokens_min", "prefix_fraction"),
         episodic_fields=("student_turns", "student_turns_min", "keep_verified_only"),
     ),

@@ -30,9 +30,10 @@ from distill.diagnose.records import load_run
 from distill.diagnose.report import build_report
 from distill.engines.compat import check_config
 from distill.engines.hf import HFEngine
+from distill.engines.placement import place, this_machine
 from distill.methods.context import RunContext, train_or_take_final
 from distill.methods.preflight import PreflightError, failure_entry
-from distill.prepare import budget_warnings, preflight, prepare
+from distill.prepare import budget_warnings, check_pair, device_note, model_devices, preflight, prepare
 from distill.run_eval import RunEval, parts_recorder
 from distill.tracking.base import NullTracker
 from distill.tracking.lock import RunLock
@@ -86,6 +87,8 @@ def execute(
             raise ValueError("execute: give a config or a run to resume")
         check_config(config, check_install=True)  # before anything exists on disk
         check_models(config)  # a typo'd model fails in a second, not after a run dir exists
+        check_pair(config, settings)  # a pair whose tokenizers the method cannot cross, too
+        model_devices(config)  # and a device the machine lacks
         run = RunDir.create(
             settings.runs_dir, config.tracking.run_name or new_run_id(config.domain.name, config.method.name)
         )
@@ -255,6 +258,8 @@ def _open_tracker(job: Job, resuming: bool) -> Tracker:
 def _train_and_evaluate(job: Job, domains: list[Domain]) -> None:
     config, run, tracker, summary, say = job.config, job.run, job.tracker, job.summary, job.say
     start = time.time()
+    if note := device_note(config):
+        say(note)
     prepared = prepare(config, job.settings)
     train, domain, student, teacher = prepared.train, prepared.domain, prepared.student, prepared.teacher
     domains.append(domain)
@@ -317,7 +322,10 @@ def _manifest(job: Job, student: Engine, teacher: Engine) -> dict[str, Any]:
     """The manifest of what the run started from. A resume keeps the start (model pins, git state,
     packages, hardware) and refuses models that changed since: the rest of the run would train
     against another teacher; its own git state and packages go under `resumes`."""
-    manifest = build_manifest(job.config, job.argv, job.tracker.run_id, student, teacher)
+    cfg = job.config
+    worker = cfg.rollout.async_teacher and cfg.teacher.engine == "hf"
+    worker_device = place(cfg.teacher.device, "teacher_worker", this_machine()) if worker else None
+    manifest = build_manifest(cfg, job.argv, job.tracker.run_id, student, teacher, worker_device)
     previous = job.run.read_manifest() if job.resume_from is not None and job.run.manifest.exists() else None
     if previous is not None:
         check_same_start(previous, manifest)

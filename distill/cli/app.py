@@ -156,6 +156,7 @@ def model_overrides(student: str | None, teachers: list[str]) -> list[str]:
 
 
 def _preflight_only(cfg: RunConfig | None, settings: Settings) -> None:
+    from distill.config import ConfigError
     from distill.methods.preflight import PreflightError
     from distill.prepare import preflight_only
 
@@ -165,6 +166,8 @@ def _preflight_only(cfg: RunConfig | None, settings: Settings) -> None:
         preflight_only(cfg, settings, say=typer.echo)
     except PreflightError as exc:
         raise fail(f"preflight failed: {exc}") from None
+    except ConfigError as exc:  # a model, template, pair or device that cannot run, as `run` says it
+        raise fail(str(exc)) from None
     typer.echo("preflight passed")
 
 
@@ -253,6 +256,7 @@ def eval_cmd(
             experiment=experiment,
             domain_fields=domain_fields,
             batch_size=ev.get("batch_size"),
+            overlong=ev.get("overlong", "fail"),
         )
         eval_command(request)
     except (ValueError, OSError) as exc:

@@ -1,7 +1,7 @@
 """The run configuration: the models (`models.py`, the methods' in `methods.py`) and how presets,
 files and overrides become one validated `RunConfig` (`files.py`)."""
 
-from distill.config.base import ConfigError, Precision, Strict
+from distill.config.base import ConfigError, Precision, Sampling, Strict
 from distill.config.files import (
     deep_merge,
     dump_config,
@@ -57,6 +57,7 @@ __all__ = [
     "RolloutConfig",
     "RunConfig",
     "SFTMethod",
+    "Sampling",
     "ServerClientConfig",
     "Strict",
     "TrackingConfig",

@@ -20,8 +20,8 @@ from pydantic import (
 )
 
 from distill import registry
-from distill.config.base import ConfigError, Precision, Strict
-from distill.config.methods import MethodConfig, OPDMethod
+from distill.config.base import ConfigError, Precision, Sampling, Strict
+from distill.config.methods import MethodConfig, OPDMethod, ROSEMethod, SFTMethod
 
 
 class ServerClientConfig(Strict):
@@ -151,6 +151,10 @@ class RolloutConfig(Strict):
     # on step i's (one step stale; the teacher behind a server, or in a worker process for hf).
     async_teacher: bool = False
 
+    def sampling(self) -> Sampling:
+        """How the student samples its training rollouts."""
+        return Sampling(self.max_new_tokens, self.temperature, self.top_p)
+
     @model_validator(mode="after")
     def _vllm_server_needs_url(self) -> RolloutConfig:
         if self.engine == "vllm" and self.vllm_mode == "server" and not self.vllm_server_url:
@@ -188,6 +192,10 @@ class EvalConfig(Strict):
     # A benchmark item whose prompt leaves the model no room to answer: fail names the items and
     # stops; skip leaves them out and reports how many (verl's filter_overlong_prompts).
     overlong: Literal["fail", "skip"] = "fail"
+
+    def sampling(self) -> Sampling:
+        """How a model answers an eval item."""
+        return Sampling(self.max_new_tokens, self.temperature, self.top_p)
 
 
 class CheckpointConfig(Strict):
@@ -326,17 +334,26 @@ class RunConfig(Strict):
         return self
 
     @model_validator(mode="after")
-    def _a_teacher_per_domain(self) -> RunConfig:
-        """Several domains need a method that can route rows to their domain's teacher; `teachers`
-        names each domain's teacher, once, and only where the method has a teacher of its own."""
-        parts = registry.domain_parts(self.domain.name)
+    def _method_can_run(self) -> RunConfig:
+        """What the method's entry says it cannot do (registry.py) is refused here: LoRA, and
+        several domains, whose rows it would have to route to their own domain's teacher."""
         entry = registry.method_entry(self.method.name)
-        if len(parts) > 1 and not entry.multi_domain:
+        if self.lora.enabled and not entry.lora:
+            raise ValueError(f"lora.enabled: {self.method.name} trains all weights (set lora.enabled=false)")
+        if len(registry.domain_parts(self.domain.name)) > 1 and not entry.multi_domain:
             able = ", ".join(m for m, e in registry.METHODS.items() if e.multi_domain)
             raise ValueError(
                 f"method {self.method.name} trains on one domain per run (its rows would need their own "
                 f"domain's teacher, not built yet); methods for {self.domain.name}: {able}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _a_teacher_per_domain(self) -> RunConfig:
+        """`teachers` names each domain's teacher, once, and only where the method has a teacher
+        of its own."""
+        parts = registry.domain_parts(self.domain.name)
+        entry = registry.method_entry(self.method.name)
         if not self.teachers:
             return self
         if entry.own_teacher:
@@ -358,6 +375,17 @@ class RunConfig(Strict):
                 f"{self.teachers[parts[0]].name}; name every domain's teacher as domain=model, or one teacher"
             )
         return self
+
+    def teacher_sampling(self) -> Sampling:
+        """How a writing or continuing teacher samples: SFT's trajectories (`rollout.max_new_tokens`
+        at `method.temperature`), ROSE's continuations (at most `method.teacher_max_tokens` a turn
+        at `method.teacher_temperature`); nucleus `rollout.top_p` for both."""
+        method, rollout = self.method, self.rollout
+        if isinstance(method, SFTMethod):
+            return Sampling(rollout.max_new_tokens, method.temperature, rollout.top_p)
+        if isinstance(method, ROSEMethod):
+            return Sampling(method.teacher_max_tokens, method.teacher_temperature, rollout.top_p)
+        raise ValueError(f"{method.name}'s teacher scores the student's tokens; it samples nothing")
 
     def teacher_of(self, domain: str) -> ModelConfig:
         """The teacher of one of the run's domains."""

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
 
+    from distill.config import Sampling
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -222,30 +224,20 @@ class Engine(Protocol):
     def generate(
         self,
         prompt_ids: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
+        sampling: Sampling,
         batch_size: int = 64,
         progress: Callable[[int], None] | None = None,
         suppress_tokens: Sequence[int] = (),
-    ) -> list[Completion]: ...
+    ) -> list[Completion]:
+        """One completion per prompt row, drawn as `sampling` says (greedy at temperature 0)."""
+        ...
 
     def continue_generate(
-        self,
-        ids: Sequence[int],
-        cache: KVCache | None,
-        max_new_tokens: int,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
+        self, ids: Sequence[int], cache: KVCache | None, sampling: Sampling
     ) -> tuple[Completion, KVCache]: ...
 
     def continue_many(
-        self,
-        rows: Sequence[Sequence[int]],
-        caches: Sequence[KVCache | None],
-        max_new_tokens: int,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
+        self, rows: Sequence[Sequence[int]], caches: Sequence[KVCache | None], sampling: Sampling
     ) -> list[tuple[Completion, KVCache]]:
         """`continue_generate` for many sequences at once (concurrent episodes' turns)."""
         ...

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from distill.config import Sampling
 from distill.engines.base import Completion, KVCache
 from distill.engines.decode import DecodeState, lean_decoder
 
@@ -159,8 +160,7 @@ def continue_many(
     rows: Sequence[Sequence[int]],
     caches: Sequence[KVCache | None],
     budgets: Sequence[int],
-    temperature: float = 0.0,
-    top_p: float = 1.0,
+    sampling: Sampling,
 ) -> list[tuple[Completion, KVCache]] | None:
     """One completion per row (at most `budgets[i]` >= 1 new tokens), reusing each row's cache
     where it holds a prefix of the row; None when a cache is of a kind this cannot stack (the
@@ -172,7 +172,7 @@ def continue_many(
         return None
     reused, kept = found
     model, device = engine.model, engine.model.device
-    pad, eos = int(engine.tokenizer.pad_token_id), engine.eos_ids
+    pad, eos = int(engine.tokenizer.pad_token_id), engine.eos_ids | set(sampling.stop)
     turn = _Turn(rows, kept, pad)
     past, mask_B_L = _stack(reused, kept), turn.mask_B_L
     generated: list[list[int]] = [[] for _ in rows]
@@ -192,7 +192,7 @@ def continue_many(
         if engine.lean_decode and lean_decoder(model) is not None:
             lean = DecodeState(model, past, mask_B_L.to(device), max(budgets))
         while True:
-            tokens = sample(logits_B_V, temperature, top_p).tolist()
+            tokens = sample(logits_B_V, sampling.temperature, sampling.top_p).tolist()
             feed = []
             for i, tok in enumerate(tokens):
                 if active[i]:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from distill.config import Sampling
 from distill.engines.base import ChatPrompts, Completion, KVCache, TokenScores, right_pad
 
 if TYPE_CHECKING:
@@ -23,9 +24,10 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 SCORE_TOKENS = 32_768
 
 
-def _sampling(temperature: float, top_p: float) -> dict[str, Any]:
-    if temperature > 0:
-        return {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+def _sampling(sampling: Sampling) -> dict[str, Any]:
+    """`generate`'s sampling arguments (top-k off: only temperature and nucleus, as every sampler)."""
+    if sampling.temperature > 0:
+        return {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
     return {"do_sample": False}
 
 
@@ -124,20 +126,18 @@ class HFEngine(ChatPrompts):
     def generate(
         self,
         prompt_ids: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
+        sampling: Sampling,
         batch_size: int = 64,
         progress: Callable[[int], None] | None = None,
         suppress_tokens: Sequence[int] = (),
     ) -> list[Completion]:
-        """One completion per prompt row (repeat rows for k samples). temperature 0 is greedy.
-
-        `suppress_tokens` are never generated (on top of the model's own generation config).
+        """One completion per prompt row (repeat rows for k samples), drawn as `sampling` says
+        (greedy at temperature 0). `suppress_tokens` are never generated (on top of the model's
+        own generation config).
         """
         import torch
 
-        eos = self.eos_ids
+        eos = self.eos_ids | set(sampling.stop)
         suppress: dict[str, Any] = {}
         if suppress_tokens:
             before = self.model.generation_config.suppress_tokens or []
@@ -149,7 +149,7 @@ class HFEngine(ChatPrompts):
             chunk = prompt_ids[start : start + batch_size]
             ids, mask = self.left_pad(chunk)
             # The context policy (engines/context.py): capped at the room the longest prompt leaves.
-            budget = room(self.context, ids.shape[1], max_new_tokens)
+            budget = room(self.context, ids.shape[1], sampling.max_new_tokens)
             if budget < 1:
                 raise ContextError(
                     f"a prompt of {ids.shape[1]} tokens fills the model's {self.context} positions"
@@ -161,7 +161,7 @@ class HFEngine(ChatPrompts):
                     max_new_tokens=budget,
                     pad_token_id=self.tokenizer.pad_token_id,
                     eos_token_id=sorted(eos),
-                    **_sampling(temperature, top_p),
+                    **_sampling(sampling),
                     **suppress,
                 )
             out += [self.completion(row, eos) for row in generated[:, ids.shape[1] :].tolist()]
@@ -170,12 +170,7 @@ class HFEngine(ChatPrompts):
         return out
 
     def continue_generate(
-        self,
-        ids: Sequence[int],
-        cache: KVCache | None,
-        max_new_tokens: int,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
+        self, ids: Sequence[int], cache: KVCache | None, sampling: Sampling
     ) -> tuple[Completion, KVCache]:
         """One completion of `ids`, reusing `cache` where it holds a prefix of `ids`.
 
@@ -188,13 +183,13 @@ class HFEngine(ChatPrompts):
         from distill.engines.context import room
 
         ids = list(ids)
-        budget = room(self.context, len(ids), max_new_tokens)
+        budget = room(self.context, len(ids), sampling.max_new_tokens)
         if budget < 1:  # the context is full: the turn is cut before it starts, and counts as truncated
             return Completion(ids=[], text="", truncated=True), cache or KVCache(None, [])
         past = None
         if cache is not None and len(cache.ids) < len(ids) and ids[: len(cache.ids)] == cache.ids:
             past = cache.past
-        eos = self.eos_ids
+        eos = self.eos_ids | set(sampling.stop)
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.model.device)
         with torch.inference_mode():
             out = self.model.generate(  # type: ignore[operator]  # transformers types generate() as a Tensor | Module attribute
@@ -205,7 +200,7 @@ class HFEngine(ChatPrompts):
                 pad_token_id=self.tokenizer.pad_token_id,
                 eos_token_id=sorted(eos),
                 return_dict_in_generate=True,
-                **_sampling(temperature, top_p),
+                **_sampling(sampling),
             )
         row = out.sequences[0, len(ids) :].tolist()
         # The last generated token is never fed back, so the cache ends one token short.
@@ -213,19 +208,14 @@ class HFEngine(ChatPrompts):
         return self.completion(row, eos), KVCache(out.cache, seen[: out.cache.get_seq_length()])
 
     def continue_many(
-        self,
-        rows: Sequence[Sequence[int]],
-        caches: Sequence[KVCache | None],
-        max_new_tokens: int,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
+        self, rows: Sequence[Sequence[int]], caches: Sequence[KVCache | None], sampling: Sampling
     ) -> list[tuple[Completion, KVCache]]:
         """`continue_generate` for many sequences in one batch, each from its own cache
         (engines/batched.py); rows whose context is full come back empty and truncated."""
         from distill.engines.batched import continue_many
         from distill.engines.context import room
 
-        budgets = [room(self.context, len(ids), max_new_tokens) for ids in rows]
+        budgets = [room(self.context, len(ids), sampling.max_new_tokens) for ids in rows]
         results: list[tuple[Completion, KVCache] | None] = [
             None if b >= 1 else (Completion(ids=[], text="", truncated=True), c or KVCache(None, []))
             for b, c in zip(budgets, caches, strict=True)
@@ -237,14 +227,10 @@ class HFEngine(ChatPrompts):
                 [rows[i] for i in live],
                 [caches[i] for i in live],
                 [budgets[i] for i in live],
-                temperature,
-                top_p,
+                sampling,
             )
             if batch is None:  # a cache kind that cannot be stacked: one row at a time
-                batch = [
-                    self.continue_generate(rows[i], caches[i], max_new_tokens, temperature, top_p)
-                    for i in live
-                ]
+                batch = [self.continue_generate(rows[i], caches[i], sampling) for i in live]
             for i, result in zip(live, batch, strict=True):
                 results[i] = result
         return [r for r in results if r is not None]

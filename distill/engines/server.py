@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from distill.config import ServerClientConfig
+from distill.config import Sampling, ServerClientConfig
 from distill.engines.base import ChatPrompts, Completion, KVCache, TokenScores, right_pad
 
 if TYPE_CHECKING:
@@ -235,28 +235,27 @@ class ServerEngine(ChatPrompts):
     def generate(
         self,
         prompt_ids: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
+        sampling: Sampling,
         batch_size: int | None = None,
         progress: Callable[[int], None] | None = None,
         suppress_tokens: Sequence[int] = (),
     ) -> list[Completion]:
-        """One completion per prompt row, from token ids; temperature 0 is greedy."""
-        eos = self.eos_ids
+        """One completion per prompt row, from token ids, drawn as `sampling` says (greedy at
+        temperature 0)."""
+        eos = self.eos_ids | set(sampling.stop)
         from distill.engines.context import ContextError, room
 
         # The context policy (engines/context.py): capped at the room the longest prompt leaves.
         longest = max((len(p) for p in prompt_ids), default=0)
-        budget = room(self.context, longest, max_new_tokens)
+        budget = room(self.context, longest, sampling.max_new_tokens)
         if budget < 1:
             raise ContextError(
                 f"a prompt of {longest} tokens fills the served model's {self.context} positions"
             )
         params: dict[str, Any] = {
             "max_tokens": budget,
-            "temperature": temperature,
-            "top_p": top_p if temperature > 0 else 1.0,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p if sampling.temperature > 0 else 1.0,
             "top_k": 0,  # 0 disables top-k in vLLM
             "stop_token_ids": sorted(eos),
             "return_token_ids": True,
@@ -276,27 +275,17 @@ class ServerEngine(ChatPrompts):
         return [self.completion(row, eos) for row in generated]
 
     def continue_generate(
-        self,
-        ids: Sequence[int],
-        cache: KVCache | None,
-        max_new_tokens: int,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
+        self, ids: Sequence[int], cache: KVCache | None, sampling: Sampling
     ) -> tuple[Completion, KVCache]:
         """One completion of `ids` (the server's prefix cache does what a local KV cache would)."""
-        (completion,) = self.generate([list(ids)], max_new_tokens, temperature, top_p)
+        (completion,) = self.generate([list(ids)], sampling)
         return completion, KVCache(None, list(ids))
 
     def continue_many(
-        self,
-        rows: Sequence[Sequence[int]],
-        caches: Sequence[KVCache | None],
-        max_new_tokens: int,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
+        self, rows: Sequence[Sequence[int]], caches: Sequence[KVCache | None], sampling: Sampling
     ) -> list[tuple[Completion, KVCache]]:
         """All rows in one batch of requests (the server batches them itself)."""
-        completions = self.generate([list(r) for r in rows], max_new_tokens, temperature, top_p)
+        completions = self.generate([list(r) for r in rows], sampling)
         return [(c, KVCache(None, list(r))) for c, r in zip(completions, rows, strict=True)]
 
     # --- transport ---

@@ -18,6 +18,7 @@ from distill.episodes.episode import BridgedCompletion, ChatFrame, Episode
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from distill.config import Sampling
     from distill.engines.base import Completion, Engine, KVCache
     from distill.episodes.protocol import EnvReply, EnvSlots, EpisodicDomain, Task
 
@@ -29,23 +30,20 @@ class Agent(Protocol):
 
 
 class EngineAgent:
-    """A model writing turns of at most `max_new_tokens` from the episode's own token sequence."""
+    """A model writing turns (each as `sampling` says: at most its max_new_tokens) from the
+    episode's own token sequence."""
 
     def __init__(
         self,
         engine: Engine,
         writer: str,
-        max_new_tokens: int,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
+        sampling: Sampling,
         batch_size: int = 64,
         reuse_cache: bool = True,
     ) -> None:
         self.engine = engine
         self.writer = writer
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
-        self.top_p = top_p
+        self.sampling = sampling
         self.batch_size = batch_size
         # Per episode (by uid): the KV cache of its last turn. Only the new observation is
         # prefilled each turn; batching episodes instead re-reads every whole context.
@@ -75,23 +73,13 @@ class EngineAgent:
             for start in range(0, len(episodes), self.batch_size):
                 chunk = episodes[start : start + self.batch_size]
                 results = self.engine.continue_many(
-                    [ep.ids for ep in chunk],
-                    [self.caches.get(ep.uid) for ep in chunk],
-                    self.max_new_tokens,
-                    self.temperature,
-                    self.top_p,
+                    [ep.ids for ep in chunk], [self.caches.get(ep.uid) for ep in chunk], self.sampling
                 )
                 for ep, (completion, cache) in zip(chunk, results, strict=True):
                     self.caches[ep.uid] = cache
                     out.append(completion)
             return out
-        return self.engine.generate(
-            [ep.ids for ep in episodes],
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            batch_size=self.batch_size,
-        )
+        return self.engine.generate([ep.ids for ep in episodes], self.sampling, batch_size=self.batch_size)
 
 
 class ScriptedAgent:

@@ -75,9 +75,7 @@ def evaluate_agent(
     from distill.episodes.play import EngineAgent, play, single
     from distill.progress import progress_bar
 
-    agent = EngineAgent(
-        engine, "student", config.max_new_tokens, config.temperature, config.top_p, config.batch_size
-    )
+    agent = EngineAgent(engine, "student", config.sampling(), config.batch_size)
     frame = frame_for(engine.tokenizer, engine.enable_thinking)
     start = time.perf_counter()
     with progress_bar(label, total=len(items), enabled=show_progress) as advance:

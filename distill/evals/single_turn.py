@@ -51,12 +51,7 @@ def evaluate(
     rows_in = [p for p in prompts for _ in range(k)]
     with progress_bar(label, total=len(rows_in), enabled=show_progress) as advance:
         completions = engine.generate(
-            rows_in,
-            max_new_tokens=config.max_new_tokens,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            batch_size=config.batch_size,
-            progress=advance,
+            rows_in, config.sampling(), batch_size=config.batch_size, progress=advance
         )
     correct: list[list[bool]] = []
     lengths: list[list[int]] = []

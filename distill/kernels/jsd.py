@@ -160,7 +160,7 @@ def chunked_jsd(
     if n_rows == 0:
         return student_N_H.sum() * 0.0
     # Four blocks live at once (two log-softmaxes, two scratch), each a quarter of CHUNK_BYTES.
-    chunk = chunk_size or max(1, default_chunk_rows(student_head[0].shape[0]) // 4)
+    chunk = chunk_size or max(1, default_chunk_rows(student_head[0].shape[0], student_N_H.device) // 4)
     (ws, bs), (wt, bt) = student_head, teacher_head
     total: Tensor = _ChunkedJSD.apply(
         student_N_H,

@@ -25,6 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from distill.engines.hf import HFEngine
+from distill.engines.placement import place, this_machine
 from distill.engines.worker import WorkerEngine
 from distill.methods.batch import Batches, Rollouts, Scorer, TeacherSide
 
@@ -51,12 +52,14 @@ def teacher_scorers(ctx: RunContext, teachers: dict[str, TeacherSide]) -> tuple[
             scorers[part] = engine
             continue
         if id(engine) not in workers:
+            spec = ctx.config.teacher_of(part)
             workers[id(engine)] = WorkerEngine(
                 str(engine.model.name_or_path),
-                ctx.config.teacher_of(part).precision,
+                spec.precision,
                 engine.enable_thinking,
                 ctx.config.threads,
                 wait=False,  # it loads while the trainer is set up; the first score waits for it
+                device=place(spec.device, "teacher_worker", this_machine()),
             )
         scorers[part] = workers[id(engine)]
     return scorers, list(workers.values())

@@ -245,6 +245,8 @@ def log_rollouts(
         "student/reward_mean": sum(s.reward for s in scores) / len(scores),
         "student/accuracy": sum(s.correct for s in scores) / len(scores),
         "_tokens": float(sum(lengths) + sum(len(p) for p in prompt_rows)),
+        # The batch's padded sequence width, for the attention part of a step's FLOPs (perf/mfu).
+        "_seq_len": float(max(lengths) + max(len(p) for p in prompt_rows)),
     }
     for part in sorted(set(parts)) if len(set(parts)) > 1 else []:
         mine = [s for s, p in zip(scores, parts, strict=True) if p == part]

@@ -76,13 +76,19 @@ def context_checks(config: RunConfig, domain: Domain, student: Engine, teacher: 
     def lengths(engine: Engine, items: list[Item]) -> list[int]:
         return [len(engine.prompt_ids(item.prompt)) for item in items]
 
+    def eval_lengths(engine: Engine) -> list[int]:
+        # eval.overlong=skip: the eval leaves out what fills the context (evals/overlong.py).
+        found = lengths(engine, evals)
+        skip = cfg.eval.overlong == "skip" and engine.context is not None
+        return [n for n in found if not (skip and n >= (engine.context or 0))]
+
     cfg, rollout = config, config.rollout.max_new_tokens
     checks = [
         check_budget(
             "eval.max_new_tokens",
             cfg.eval.max_new_tokens,
             student.context,
-            lengths(student, evals),
+            eval_lengths(student),
             "student eval",
         )
     ]
@@ -92,7 +98,7 @@ def context_checks(config: RunConfig, domain: Domain, student: Engine, teacher: 
                 "eval.max_new_tokens",
                 cfg.eval.max_new_tokens,
                 teacher.context,
-                lengths(teacher, evals),
+                eval_lengths(teacher),
                 "teacher eval",
             )
         )

@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
+from distill.hardware import model_shape, reset_gpu_peak, step_metrics
+from distill.kernels.heads import default_chunk_rows
+
 if TYPE_CHECKING:
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
@@ -37,6 +40,9 @@ class DistillCallback(TrainerCallback):
         self._step_start = time.perf_counter()
         self._last_step_time = float("nan")
         self._bar: Any = None
+        # On a GPU: the student's shape and device, for `perf/mfu` and `perf/gpu_mem_peak_gb`.
+        self._shape: dict[str, int] | None = None
+        self._device: Any = None
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -45,6 +51,13 @@ class DistillCallback(TrainerCallback):
 
         if not state.is_world_process_zero:
             return  # one progress bar per run, rank 0's
+        model = kw.get("model")
+        if model is not None:
+            self._device = next(model.parameters()).device
+            self._shape = model_shape(model) if self._device.type == "cuda" else None
+            vocab = int(model.get_output_embeddings().weight.shape[0])
+            # The output head's rows per chunk on this device (kernels/heads.py), once a run.
+            self.ctx.log.tracker.set_tags({"kernels.chunk_rows": str(default_chunk_rows(vocab, self._device))})
         self._bar = StepBar(
             f"training {self.ctx.config.method.name}", state.max_steps, state.global_step, say=self.ctx.say
         )
@@ -55,6 +68,8 @@ class DistillCallback(TrainerCallback):
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any):
         self._step_start = time.perf_counter()
+        if self._shape is not None:
+            reset_gpu_peak(self._device)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any):
         self._last_step_time = time.perf_counter() - self._step_start
@@ -94,8 +109,12 @@ class DistillCallback(TrainerCallback):
         metrics["perf/tracking_s"] = self.ctx.log.spent
         self.ctx.log.spent = 0.0
         tokens = metrics.pop("_tokens", None)
+        seq_len = metrics.pop("_seq_len", 0.0)
         if tokens is not None and self._last_step_time > 0:
             metrics["perf/tokens_per_s"] = tokens / self._last_step_time
+            if self._shape is not None:
+                perf = step_metrics(self._shape, int(tokens), int(seq_len), self._last_step_time, self._device)
+                metrics.update(perf)
         self.ctx.log.write(state.global_step, metrics)
         if self._bar is not None:
             self._bar.update(state.global_step, metrics)
@@ -152,7 +171,9 @@ def trainer_common_args(ctx: RunContext) -> dict[str, Any]:
         disable_tqdm=True,
         seed=cfg.seed,
         data_seed=cfg.seed,
-        use_cpu=not _has_accelerator(),
+        # Where the student was placed (engines/placement.py): a student pinned to the CPU beside
+        # a GPU stays there instead of being moved by the Trainer.
+        use_cpu=ctx.student.model.device.type == "cpu",
         # TRL's configs default to bf16 autocast; distill's precision is the dtype the weights are
         # loaded in (student.precision), never a silent autocast.
         bf16=False,
@@ -160,9 +181,3 @@ def trainer_common_args(ctx: RunContext) -> dict[str, Any]:
         dataloader_num_workers=0,
         remove_unused_columns=False,
     )
-
-
-def _has_accelerator() -> bool:
-    import torch
-
-    return torch.cuda.is_available()

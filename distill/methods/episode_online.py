@@ -93,25 +93,11 @@ def play_batch(ctx: RunContext, engine: HFEngine, items: list[Any], rng: random.
     """This step's episodes: the live student alone (OPD), or handing over to the teacher (ROSE)."""
     cfg = ctx.config
     domain = as_episodic(ctx.domain)
-    student = EngineAgent(
-        engine,
-        "student",
-        cfg.rollout.max_new_tokens,
-        cfg.rollout.temperature,
-        cfg.rollout.top_p,
-        cfg.eval.batch_size,
-    )
+    student = EngineAgent(engine, "student", cfg.rollout.sampling(), cfg.eval.batch_size)
     policy: Policy = single(student)
     if isinstance(cfg.method, ROSEMethod):
         method = cfg.method
-        teacher: Any = EngineAgent(
-            ctx.teacher,
-            "teacher",
-            method.teacher_max_tokens,
-            method.teacher_temperature,
-            1.0,
-            cfg.eval.batch_size,
-        )
+        teacher: Any = EngineAgent(ctx.teacher, "teacher", cfg.teacher_sampling(), cfg.eval.batch_size)
         if not same_tokenizer(ctx):
             bridge = TokenizerBridge(ctx.student.tokenizer, ctx.teacher.tokenizer)
             teacher = BridgedAgent(teacher, domain.script, bridge)

@@ -40,10 +40,8 @@ def teacher_episodes(ctx: RunContext) -> list[dict[str, Any]]:
     items = items[: min(len(items), math.ceil(needed / method.samples_per_prompt))]
     items = [item for item in items for _ in range(method.samples_per_prompt)]
     teacher = ctx.teacher
-    budget = cfg.rollout.max_new_tokens
-    agent = EngineAgent(
-        teacher, "teacher", budget, method.temperature, cfg.rollout.top_p, cfg.eval.batch_size
-    )
+    sampling = cfg.teacher_sampling()
+    agent = EngineAgent(teacher, "teacher", sampling, cfg.eval.batch_size)
     with progress_bar("teacher episodes", total=len(items)) as advance:
         episodes = play(
             domain,
@@ -74,7 +72,7 @@ def teacher_episodes(ctx: RunContext) -> list[dict[str, Any]]:
         for row in rows:
             fh.write(json.dumps(row) + "\n")
     seam = {"teacher/seam_failure_rate": 1 - sum(seams) / len(seams)} if seams else {}
-    ctx.log.write(0, {**episode_stats(episodes, domain), **teacher_turns(episodes, budget), **seam})
+    ctx.log.write(0, {**episode_stats(episodes, domain), **teacher_turns(episodes, sampling.max_new_tokens), **seam})
     return rows
 
 

@@ -28,7 +28,7 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
-from distill.config import OnPolicyKL
+from distill.config import OnPolicyKL, Sampling
 from distill.engines import vllm as vllm_engine
 from distill.engines.batched import continue_many
 from distill.engines.decode import lean_decoder
@@ -51,10 +51,12 @@ def _zero_reward(completions: list[Any], **kwargs: Any) -> list[float]:
 
 class LeanRollouts:
     """TRL's `rollout_func`: text rollouts from distill's lean batched sampler, each cut after
-    its EOS; the prompts rendered and tokenised in one call, as TRL's own path does."""
+    its EOS; the prompts rendered and tokenised in one call, as TRL's own path does. `sampling`
+    is the one GRPOConfig was built from (`grpo_args`)."""
 
-    def __init__(self, engine: HFEngine, chat_template_kwargs: dict[str, Any]) -> None:
+    def __init__(self, engine: HFEngine, sampling: Sampling, chat_template_kwargs: dict[str, Any]) -> None:
         self.engine = engine
+        self.sampling = sampling
         self.chat_template_kwargs = chat_template_kwargs
 
     def __call__(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
@@ -68,7 +70,7 @@ class LeanRollouts:
         )["input_ids"]
         n = len(prompt_ids)
         args = trainer.args
-        assert isinstance(args, GRPOConfig) and trainer.max_completion_length is not None
+        assert isinstance(args, GRPOConfig)
         checkpointing: Any = args.gradient_checkpointing_kwargs
         with unwrap_model_for_generation(
             trainer.model_wrapped,
@@ -79,10 +81,8 @@ class LeanRollouts:
         ) as model:
             if model is not self.engine.model:  # decided at set-up: see `lean_applies`
                 raise RuntimeError("lean rollouts: the trainer's model is not the student engine's")
-            budget = trainer.max_completion_length
-            out = continue_many(
-                self.engine, prompt_ids, [None] * n, [budget] * n, trainer.temperature, trainer.top_p
-            )
+            budget = self.sampling.max_new_tokens
+            out = continue_many(self.engine, prompt_ids, [None] * n, [budget] * n, self.sampling)
         if out is None:
             raise RuntimeError("lean rollouts: the student's cache cannot be stacked")
         return {"prompt_ids": prompt_ids, "completion_ids": [c.ids for c, _ in out], "logprobs": None}
@@ -228,9 +228,9 @@ def template_kwargs(ctx: RunContext) -> dict[str, Any]:
     return {} if thinking is None else {"enable_thinking": thinking}
 
 
-def grpo_args(ctx: RunContext) -> GRPOConfig:
+def grpo_args(ctx: RunContext, sampling: Sampling) -> GRPOConfig:
     """GRPO's settings for an on-policy distillation run: one iteration per batch, no KL to a
-    reference, no reward scaling; the rollouts' sampling from `rollout.*`."""
+    reference, no reward scaling; the rollouts drawn as `sampling` says (`rollout.*`)."""
     cfg = ctx.config
     return GRPOConfig(
         **trainer_common_args(ctx),
@@ -238,9 +238,9 @@ def grpo_args(ctx: RunContext) -> GRPOConfig:
         per_device_train_batch_size=per_device(cfg.rollout.prompts_per_step, "rollout.prompts_per_step")
         * cfg.rollout.num_generations,
         num_generations=cfg.rollout.num_generations,
-        max_completion_length=cfg.rollout.max_new_tokens,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
+        max_completion_length=sampling.max_new_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
         top_k=0,
         beta=0.0,
         scale_rewards="none",
@@ -270,11 +270,13 @@ def _train(
     # Conversational prompts: TRL renders them with the chat template and tokenises without adding
     # special tokens again, exactly as HFEngine.prompt_ids does for the teacher (see preflight).
     rows = [{"prompt": [{"role": "user", "content": item.prompt}], "item_index": i} for i, item in enumerate(items)]
-    args = grpo_args(ctx)
+    sampling = cfg.rollout.sampling()
+    args = grpo_args(ctx, sampling)
     with warnings.catch_warnings():
         # rollout_func is a public GRPOTrainer argument TRL still calls experimental.
         warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
-        trainer = _trainer(ctx, teachers, callbacks, pipeline, args, rows)
+        lean = LeanRollouts(ctx.student, sampling, template_kwargs(ctx)) if lean_applies(ctx) else None
+        trainer = _trainer(ctx, teachers, callbacks, pipeline, args, rows, lean)
     quiet(trainer).train(resume_from_checkpoint=str(ctx.resume_from) if ctx.resume_from else None)
     model: Any = trainer.model
     if cfg.lora.enabled:
@@ -290,6 +292,7 @@ def _trainer(
     pipeline: AsyncTeacher | None,
     args: GRPOConfig,
     rows: list[dict[str, Any]],
+    lean: LeanRollouts | None,
 ) -> OnPolicyTrainer:
     return OnPolicyTrainer(
         ctx,
@@ -302,7 +305,7 @@ def _trainer(
         processing_class=ctx.student.tokenizer,
         callbacks=[DistillCallback(ctx), *callbacks, *ctx.callbacks],
         peft_config=lora_config(ctx),
-        rollout_func=LeanRollouts(ctx.student, template_kwargs(ctx)) if lean_applies(ctx) else None,
+        rollout_func=lean,
     )
 
 

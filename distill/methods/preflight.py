@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from distill import registry
+from distill.config import Sampling
 from distill.methods.cross_family import crosses
 from distill.methods.scoring import vocab_rows
 from distill.methods.views import PromptFor, teacher_view, trainer_prompt_ids
 from distill.tokenizer_bridge.align import aligned_share
-from distill.tokenizer_bridge.bridge import TokenizerBridge
+from distill.tokenizer_bridge.bridge import TokenizerBridge, special_map_lines
 from distill.tokenizer_bridge.granularity import align_sample, group_table
 
 if TYPE_CHECKING:
@@ -254,7 +255,7 @@ def _check_template(
 def _check_self_score(student: Engine, items: Sequence[Item], max_new_tokens: int) -> str:
     sample = list(items[: min(2, len(items))])
     rollout = [trainer_prompt_ids(student, it.prompt) for it in sample]
-    completions = [c.ids for c in student.generate(rollout, max_new_tokens, temperature=0.0)]
+    completions = [c.ids for c in student.generate(rollout, Sampling(max_new_tokens))]
     # The teacher's prompt path, driven by the student's own weights: must reproduce the rollout's view.
     as_teacher = [student.prompt_ids(it.prompt) for it in sample]
     gap = self_score_gap(student, rollout, as_teacher, completions)
@@ -321,13 +322,15 @@ def aligned_groups(student: Engine, teacher: Engine, item: Item, max_new_tokens:
     """One real greedy sample of the student, cut into byte groups against the teacher's tokens,
     side by side (`*`: a group of more than one token on a side, where the signal is per group)."""
     prompt = trainer_prompt_ids(student, item.prompt)
-    ids = student.generate([prompt], max_new_tokens, temperature=0.0)[0].ids
+    ids = student.generate([prompt], Sampling(max_new_tokens))[0].ids
     sample = align_sample(TokenizerBridge(student.tokenizer, teacher.tokenizer), ids)
     if not sample.ok:  # masked out in training, not fatal: bridge/seam_failure_rate counts them
         return f"the student's first sample is a seam failure ({sample.failure}); it is masked out"
     share = aligned_share(sample.groups)
     table = group_table(student.tokenizer, ids, teacher.tokenizer, sample.teacher_ids, sample.groups)
-    return f"{len(sample.groups)} groups, {share:.0%} of student tokens in groups of <= 2 a side\n{table}"
+    specials = "\n".join(special_map_lines(TokenizerBridge(student.tokenizer, teacher.tokenizer)))
+    groups = f"{len(sample.groups)} groups, {share:.0%} of student tokens in groups of <= 2 a side"
+    return f"{groups}\n{table}\n  special tokens, by meaning:\n{specials}"
 
 
 def cfg_names(config: RunConfig) -> str:

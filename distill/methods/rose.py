@@ -26,9 +26,9 @@ from distill.config import ROSEMethod
 from distill.methods.budget import student_completions, supervised_share, teacher_budget
 from distill.methods.context import RunContext
 from distill.methods.online import IGNORE, CECallback, OnlineTrainer, run_online
+from distill.methods.pair import bridge_problem
 from distill.tokenizer_bridge import thinking
 from distill.tokenizer_bridge.bridge import TokenizerBridge, clean_cut, readable, trim_partial
-from distill.tokenizer_bridge.seam import check_pair
 
 if TYPE_CHECKING:
     import torch
@@ -81,13 +81,7 @@ def student_rollouts(
     cfg = ctx.config
     method = ctx.method_as(ROSEMethod)
     prompts = [ctx.student.prompt_ids(item.prompt) for item in items]
-    completions = engine.generate(
-        prompts,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        batch_size=cfg.eval.batch_size,
-    )
+    completions = engine.generate(prompts, cfg.rollout.sampling(), batch_size=cfg.eval.batch_size)
     eos = ctx.student.eos_ids
     # An id past the tokenizer (rows beyond it: Qwen3's 151,936 for 151,669 tokens) cannot be
     # decoded or bridged: the response is cut before it.
@@ -117,7 +111,6 @@ def student_rollouts(
 
 def teacher_continuations(ctx: RunContext, bridge: TokenizerBridge, rollouts: list[Rollout]) -> None:
     """The teacher continues each prefix in the same assistant turn for at most t tokens."""
-    method = ctx.method_as(ROSEMethod)
     teacher = ctx.teacher
     rows: list[list[int]] = []
     for r in rollouts:
@@ -137,9 +130,7 @@ def teacher_continuations(ctx: RunContext, bridge: TokenizerBridge, rollouts: li
             continue
         completions = teacher.generate(
             [rows[i] for i in indices],
-            max_new_tokens=method.teacher_max_tokens,
-            temperature=method.teacher_temperature,
-            top_p=ctx.config.rollout.top_p,
+            ctx.config.teacher_sampling(),
             batch_size=ctx.config.eval.batch_size,
             suppress_tokens=suppress if flag else [],
         )
@@ -272,26 +263,12 @@ def _accuracy(ctx: RunContext, rollouts: list[Rollout]) -> float:
     return sum(s.correct for s in scores) / len(scores)
 
 
-def preflight_bridge(ctx: RunContext, bridge: TokenizerBridge) -> None:
-    """Cross-family: the seam must be lossless on the domain's own texts before step 1."""
-    texts = [t for item in ctx.domain.train_items()[:8] for t in (item.prompt, item.solution or "") if t]
-    report = check_pair(bridge.student, bridge.teacher, texts, cuts=8)
-    if not report.ok:
-        bad = next(row for row in report.rows if not row.ok)
-        cfg = ctx.config
-        raise ValueError(
-            f"rose: the tokenizer bridge {cfg.student.name} -> {cfg.teacher.name} is lossy ({bad.name}: "
-            f"{bad.failures[0]}); see `distill bridge check --student {cfg.student.name} "
-            f"--teacher {cfg.teacher.name}`"
-        )
-
-
 def train(ctx: RunContext) -> None:
-    from distill.tokenizer_bridge.bridge import TokenizerBridge
-
-    if ctx.config.lora.enabled:
-        raise ValueError("rose: lora.enabled is not supported yet; train all weights (lora.enabled=false)")
     bridge = TokenizerBridge(ctx.student.tokenizer, ctx.teacher.tokenizer)
     if not bridge.same:
-        preflight_bridge(ctx, bridge)
+        # The check prepare.check_pair makes before the run exists (here too for zoo pairs).
+        names = (ctx.config.student.name, ctx.config.teacher.name)
+        problem = bridge_problem(ctx.student.tokenizer, ctx.teacher.tokenizer, ctx.domain, names)
+        if problem:
+            raise ValueError(f"rose: {problem}")
     run_online(ctx, partial(ROSETrainer, bridge=bridge), CECallback(ctx))

@@ -33,12 +33,7 @@ def write_trajectories(ctx: RunContext) -> list[dict[str, Any]]:
     expanded = [item for item in items for _ in range(method.samples_per_prompt)]
     with progress_bar("teacher trajectories", total=len(prompt_ids)) as advance:
         completions = teacher.generate(
-            prompt_ids,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=method.temperature,
-            top_p=cfg.rollout.top_p,
-            batch_size=cfg.eval.batch_size,
-            progress=advance,
+            prompt_ids, cfg.teacher_sampling(), batch_size=cfg.eval.batch_size, progress=advance
         )
     scores = ctx.domain.score_batch(expanded, [c.text for c in completions])
     rows = []

@@ -16,15 +16,26 @@ PREFIX = "zoo:"
 
 
 def resolve_model(
-    name: str, domain: DomainBase, settings: Settings, show_progress: bool = True, part: str | None = None
+    name: str,
+    domain: DomainBase,
+    settings: Settings,
+    show_progress: bool = True,
+    part: str | None = None,
+    build: bool = True,
 ) -> str:
-    """A loadable path or hub id for `name`, building zoo entries on first use. `part`: the model
-    serves that domain of a mixed run (`zoo:teacher` -> its `teacher@<part>`, zoo/build.py)."""
+    """A loadable path or hub id for `name`, building zoo entries on first use (`build=False`:
+    FileNotFoundError for one not built yet). `part`: the model serves that domain of a mixed
+    run (`zoo:teacher` -> its `teacher@<part>`, zoo/build.py)."""
     if not name.startswith(PREFIX):
         return name
-    from distill.zoo.build import PART, ensure_built
+    from distill.zoo.build import PART, ensure_built, entry_dir
 
     entry = name[len(PREFIX) :]
     if part is not None and len(getattr(domain, "parts", {})) > 1 and PART not in entry:
         entry = f"{entry}{PART}{part}"
+    if not build:
+        target = entry_dir(settings.zoo_path, entry, domain)
+        if not (target / "zoo.json").exists():
+            raise FileNotFoundError(target)
+        return str(target)
     return str(ensure_built(settings.zoo_path, entry, domain, show_progress))

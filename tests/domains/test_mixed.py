@@ -20,8 +20,10 @@ def test_two_domains_make_one_mixed_config_with_each_parts_own_fields() -> None:
     assert cfg.domain.name == "rlve+dapo"
     assert cfg.domain.parts["dapo"].max_value == 30  # type: ignore[attr-defined]
     assert cfg.domain.weights() == {"rlve": 0.25, "dapo": 0.75}  # type: ignore[attr-defined]
-    # Its own preset: the two single-domain OPD budgets together.
+    # Its own preset: the two single-domain OPD budgets together, each domain's prompts as many as
+    # its own preset trains on (200 and 400 steps).
     assert cfg.optim.max_steps == 600
+    assert resolve_config("rlve,dapo", "opd").domain.weights() == {"rlve": 1 / 3, "dapo": 2 / 3}  # type: ignore[attr-defined]
     # A mix without a preset of its own takes its first part's.
     assert resolve_config("dapo,rlve", "opd").optim.max_steps == resolve_config("dapo", "opd").optim.max_steps
 
@@ -92,7 +94,7 @@ def test_draw_takes_each_parts_share_without_repeats() -> None:
 @pytest.mark.integration
 def test_mixed_items_are_tagged_and_scored_by_their_own_domain(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("DISTILL_WORKSPACE", str(tmp_path))
-    cfg = resolve_config("rlve,dapo", "opd", None, ["domain.train_size=64"])
+    cfg = resolve_config("rlve,dapo", "opd", None, ["domain.train_size=64", "domain.mix.dapo=1"])
     domain = build_domain(cfg.domain)
     try:
         train = domain.train_items()

@@ -16,6 +16,7 @@ from transformers import (
     Qwen3Config,
 )
 
+from distill.config import Sampling
 from distill.engines.decode import DecodeState, lean_decoder
 from distill.engines.hf import HFEngine
 
@@ -67,12 +68,12 @@ def _two_turns(engine: HFEngine, lean: bool) -> list[list[Any]]:
     engine.lean_decode = lean
     texts = ["Sort: 3 1 2", "Add 2 and 5, then double it.", "Hi", "Count the vowels in 'banana' please."]
     rows = [engine.prompt_ids(t) for t in texts]
-    first = engine.continue_many(rows, [None] * 4, 12)
+    first = engine.continue_many(rows, [None] * 4, Sampling(12))
     rows = [
         r + c.ids + engine.encode(f"\nObservation: {i} ok.\n")
         for i, (r, (c, _)) in enumerate(zip(rows, first, strict=True))
     ]
-    second = engine.continue_many(rows, [k for _, k in first], 10)
+    second = engine.continue_many(rows, [k for _, k in first], Sampling(10))
     engine.lean_decode = True
     return [first, second]
 
@@ -139,6 +140,6 @@ def test_other_models_keep_the_model_call(tiny_zoo: Any) -> None:
     # The model call still continues the rows, as one at a time would.
     engine = HFEngine(mistral, tokenizer)
     rows = [engine.prompt_ids(t) for t in ("Sort: 3 1 2", "Hi")]
-    together = engine.continue_many(rows, [None, None], 6)
-    alone = [engine.continue_generate(r, None, 6) for r in rows]
+    together = engine.continue_many(rows, [None, None], Sampling(6))
+    alone = [engine.continue_generate(r, None, Sampling(6)) for r in rows]
     assert [c.ids for c, _ in together] == [c.ids for c, _ in alone]

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from distill.config import Sampling
 from distill.engines.base import Completion
 from distill.engines.hf import HFEngine
 
@@ -141,8 +142,8 @@ def test_score_empty_prompt_is_an_error_not_a_silent_cut(engine: HFEngine) -> No
 
 def test_greedy_generate_is_deterministic(engine: HFEngine) -> None:
     prompts = [engine.prompt_ids(p) for p in PROMPTS]
-    first = engine.generate(prompts, max_new_tokens=6)
-    second = engine.generate(prompts, max_new_tokens=6)
+    first = engine.generate(prompts, Sampling(6))
+    second = engine.generate(prompts, Sampling(6))
     assert first == second
     assert len(first) == len(prompts)
     for comp in first:
@@ -153,7 +154,7 @@ def test_greedy_generate_is_deterministic(engine: HFEngine) -> None:
 
 def test_generate_budget_one_token(engine: HFEngine) -> None:
     prompts = [engine.prompt_ids(p) for p in PROMPTS]
-    out = engine.generate(prompts, max_new_tokens=1)
+    out = engine.generate(prompts, Sampling(1))
     assert all(len(c.ids) == 1 for c in out)
     for c in out:
         assert c.truncated == (c.ids[-1] not in engine.eos_ids)
@@ -163,13 +164,13 @@ def test_generate_budget_one_token(engine: HFEngine) -> None:
 def test_generate_progress_counts_rows(engine: HFEngine) -> None:
     seen: list[int] = []
     prompts = [engine.prompt_ids(p) for p in PROMPTS]
-    engine.generate(prompts, max_new_tokens=1, batch_size=2, progress=seen.append)
+    engine.generate(prompts, Sampling(1), batch_size=2, progress=seen.append)
     assert seen == [2, 1]
 
 
 def test_sampling_with_temperature_gives_full_rows(engine: HFEngine) -> None:
     torch.manual_seed(0)
-    out = engine.generate([engine.prompt_ids("hello")] * 4, max_new_tokens=4, temperature=1.0)
+    out = engine.generate([engine.prompt_ids("hello")] * 4, Sampling(4, 1.0))
     assert len(out) == 4
     for c in out:
         assert 1 <= len(c.ids) <= 4
@@ -181,7 +182,7 @@ def test_eos_is_kept_in_ids_not_in_text_and_not_truncated(engine: HFEngine) -> N
     prompts = [engine.prompt_ids(p) for p in PROMPTS[:2]]
     # Row 0 emits EOS as its 3rd token (3rd forward: prefill + 2 decode steps); row 1 never does.
     with eos_bias(engine, rows={0}, from_call=3):
-        out = engine.generate(prompts, max_new_tokens=6)
+        out = engine.generate(prompts, Sampling(6))
     ended, running = out
     assert ended.ids[-1] == eos
     assert len(ended.ids) == 3
@@ -198,7 +199,7 @@ def test_eos_is_kept_in_ids_not_in_text_and_not_truncated(engine: HFEngine) -> N
 def test_eos_as_first_token(engine: HFEngine) -> None:
     eos = engine.tokenizer.eos_token_id
     with eos_bias(engine, rows={0}, from_call=1):
-        (comp,) = engine.generate([engine.prompt_ids("hi")], max_new_tokens=5)
+        (comp,) = engine.generate([engine.prompt_ids("hi")], Sampling(5))
     assert comp.ids == [eos]
     assert comp.text == ""
     assert comp.truncated is False
@@ -207,12 +208,12 @@ def test_eos_as_first_token(engine: HFEngine) -> None:
 def test_generation_config_eos_counts_as_eos(tiny_zoo: Any) -> None:
     eng = HFEngine.load(str(tiny_zoo.teacher))
     prompt = eng.prompt_ids(PROMPTS[0])
-    (free,) = eng.generate([prompt], max_new_tokens=4)
+    (free,) = eng.generate([prompt], Sampling(4))
     first = free.ids[0]
     assert first not in eng.eos_ids
     eng.model.generation_config.eos_token_id = [eng.tokenizer.eos_token_id, first]
     assert first in eng.eos_ids
-    (stopped,) = eng.generate([prompt], max_new_tokens=4)
+    (stopped,) = eng.generate([prompt], Sampling(4))
     assert stopped.ids == [first]
     assert stopped.truncated is False
 
@@ -220,7 +221,7 @@ def test_generation_config_eos_counts_as_eos(tiny_zoo: Any) -> None:
 def test_score_of_own_generation_is_consistent(engine: HFEngine) -> None:
     # Greedy tokens are the argmax, so their logprob is the max over the vocabulary.
     prompt = engine.prompt_ids(PROMPTS[1])
-    (comp,) = engine.generate([prompt], max_new_tokens=5)
+    (comp,) = engine.generate([prompt], Sampling(5))
     (row,) = engine.score([prompt], [comp.ids]).rows()
     ids = torch.tensor([prompt + comp.ids])
     with torch.no_grad():
@@ -249,10 +250,10 @@ def test_continue_generate_reuses_the_cache_and_matches_generate(engine: HFEngin
         cache = None
         for observation in ["Sort: 3 1 2", "hello there", ""]:
             fed.clear()
-            comp, new_cache = engine.continue_generate(seq, cache, max_new_tokens=5)
+            comp, new_cache = engine.continue_generate(seq, cache, Sampling(5))
             prefill = fed[0]
             assert prefill == (len(seq) if cache is None else len(seq) - len(cache.ids))
-            assert comp == engine.generate([seq], max_new_tokens=5)[0]
+            assert comp == engine.generate([seq], Sampling(5))[0]
             # The cache holds the sequence and all but the last generated token (never fed back).
             assert new_cache.ids == (seq + comp.ids)[:-1]
             assert new_cache.past.get_seq_length() == len(new_cache.ids)
@@ -266,9 +267,9 @@ def test_continue_generate_reuses_the_cache_and_matches_generate(engine: HFEngin
 def test_continue_generate_drops_a_cache_that_is_not_a_prefix(engine: HFEngine) -> None:
     a = engine.prompt_ids(PROMPTS[0])
     b = engine.prompt_ids(PROMPTS[1])
-    _, cache_a = engine.continue_generate(a, None, max_new_tokens=3)
-    comp, cache_b = engine.continue_generate(b, cache_a, max_new_tokens=3)
-    assert comp == engine.generate([b], max_new_tokens=3)[0]
+    _, cache_a = engine.continue_generate(a, None, Sampling(3))
+    comp, cache_b = engine.continue_generate(b, cache_a, Sampling(3))
+    assert comp == engine.generate([b], Sampling(3))[0]
     assert cache_b.ids[: len(b)] == b
 
 

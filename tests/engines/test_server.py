@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from distill.config import RunConfig, ServerClientConfig, resolve_config
+from distill.config import RunConfig, Sampling, ServerClientConfig, resolve_config
 from distill.engines.compat import check_config, served_teacher_reason
 from distill.engines.hf import HFEngine
 from distill.engines.server import ServerEngine, ServerError
@@ -208,7 +208,7 @@ def test_hf_score_topk_matches_the_trainer_layout(tiny_zoo: Any) -> None:
 
     engine = HFEngine.load(str(tiny_zoo.teacher))
     prompts = [engine.prompt_ids(p) for p in ("What is 3 times 4?", "Sort: 3 1 2", "hi")]
-    completions = [c.ids for c in engine.generate(prompts, max_new_tokens=7)]
+    completions = [c.ids for c in engine.generate(prompts, Sampling(7))]
     completions[2] = completions[2][:3]  # rows of different lengths
     k = 5
     ids_B_T_K, logps_B_T_K = engine.score_topk(prompts, completions, k)

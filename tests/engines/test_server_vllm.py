@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+from distill.config import Sampling
 from distill.engines.hf import HFEngine
 from distill.engines.server import ServerEngine, ServerError
 from distill.engines.vllm_server import (
@@ -74,7 +75,7 @@ def engines(served: Served, tiny_zoo: Any) -> tuple[HFEngine, ServerEngine]:
 
 def _rows(hf: HFEngine) -> tuple[list[list[int]], list[list[int]]]:
     prompts = [hf.prompt_ids(p) for p in PROMPTS]
-    completions = [c.ids for c in hf.generate(prompts, max_new_tokens=10, temperature=1.0)]
+    completions = [c.ids for c in hf.generate(prompts, Sampling(10, 1.0))]
     completions[1] = completions[1][:4]
     return prompts, completions
 
@@ -119,16 +120,16 @@ def test_both_scoring_routes_give_the_same_scores(engines: tuple[HFEngine, Serve
 def test_server_generate_matches_hf_greedy(engines: tuple[HFEngine, ServerEngine]) -> None:
     hf, server = engines
     prompts = [hf.prompt_ids(p) for p in PROMPTS]
-    want = hf.generate(prompts, max_new_tokens=12)
-    got = server.generate(prompts, max_new_tokens=12)
+    want = hf.generate(prompts, Sampling(12))
+    got = server.generate(prompts, Sampling(12))
     assert [c.ids for c in got] == [c.ids for c in want]
     assert [c.truncated for c in got] == [c.truncated for c in want]
     assert [c.text for c in got] == [c.text for c in want]
     # ROSE's "never open a second think block": a suppressed token is never generated.
     banned = [want[0].ids[0]]
-    again = server.generate(prompts[:1], max_new_tokens=6, suppress_tokens=banned)
+    again = server.generate(prompts[:1], Sampling(6), suppress_tokens=banned)
     assert banned[0] not in again[0].ids
-    assert again[0].ids == hf.generate(prompts[:1], max_new_tokens=6, suppress_tokens=banned)[0].ids
+    assert again[0].ids == hf.generate(prompts[:1], Sampling(6), suppress_tokens=banned)[0].ids
 
 
 def test_bad_rows_are_errors_naming_the_server(

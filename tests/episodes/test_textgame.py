@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from distill import registry
-from distill.config import ConfigError, resolve_config
+from distill.config import ConfigError, Sampling, resolve_config
 from distill.episodes.data import IGNORE, episode_example, replay_gold
 from distill.episodes.episode import ENV, frame_for
 from distill.episodes.play import ScriptedAgent, handover, play, single
@@ -206,7 +206,7 @@ def test_an_episode_that_fills_the_context_ends_failed_not_past_it(game: TextGam
     (gold_play,) = play(game, game.train_items()[:1], single(gold(game)), engine.tokenizer, frame, gold=True)
     start = gold_play.spans[0][1]  # the instruction and first observation, before turn 1
     engine.model.config.max_position_embeddings = start + 40  # room for about one turn
-    agent = EngineAgent(engine, "student", max_new_tokens=8)
+    agent = EngineAgent(engine, "student", Sampling(8))
     (ep,) = play(game, game.train_items()[:1], single(agent), engine.tokenizer, frame, max_turns=6)
     assert ep.failed and ep.error is not None and ep.error.startswith("context full")
     assert 1 <= len(ep.turns) < 6

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from distill.config import OPDMethod
+from distill.config import OPDMethod, Sampling
 from distill.engines.base import right_pad
 from distill.engines.hf import HFEngine
 from distill.kernels import losses
@@ -32,7 +32,7 @@ def rollout(pair: tuple[HFEngine, HFEngine]) -> dict[str, Any]:
     student, _ = pair
     torch.manual_seed(1)
     prompts = [student.prompt_ids(p) for p in ("What is 3 times 4?", "Sort: 3 1 2", "hi")]
-    completions = [c.ids for c in student.generate(prompts, max_new_tokens=12, temperature=1.0)]
+    completions = [c.ids for c in student.generate(prompts, Sampling(12, 1.0))]
     completions[2] = completions[2][:4]
     prompt_ids, prompt_mask = student.left_pad(prompts)
     comp_ids, comp_mask = right_pad(completions, int(student.tokenizer.pad_token_id))

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from distill.config import OPDMethod, RunConfig
+from distill.config import OPDMethod, RunConfig, Sampling
 from distill.domains import build_domain
 from distill.engines.base import TokenScores, right_pad
 from distill.engines.hf import HFEngine
@@ -42,7 +42,7 @@ def rollout(student: HFEngine, seed: int = 1) -> dict[str, Any]:
     """Sampled completions of different lengths in the on-policy trainer's layout."""
     torch.manual_seed(seed)
     prompts = [student.prompt_ids(p) for p in PROMPTS]
-    completions = [c.ids for c in student.generate(prompts, max_new_tokens=14, temperature=1.0)]
+    completions = [c.ids for c in student.generate(prompts, Sampling(14, 1.0))]
     completions[2] = completions[2][:5]
     prompt_ids, prompt_mask = student.left_pad(prompts)
     comp_ids, comp_mask = right_pad(completions, int(student.tokenizer.pad_token_id))

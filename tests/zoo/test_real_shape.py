@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from distill.config import Sampling
 from distill.engines.hf import HFEngine
 
 pytestmark = pytest.mark.integration
@@ -118,7 +119,7 @@ def test_rose_teacher_continues_inside_the_students_think_block(real_shape: Any)
     assert thinking.think_open_ids(teacher.tokenizer) == [THINK]
     prefix = teacher.encode("<think>\nFirst I")
     assert prefix[0] == THINK  # one markup token, not spelled out
-    (held,) = teacher.generate([ids + prefix], max_new_tokens=24, temperature=1.0, suppress_tokens=[THINK])
+    (held,) = teacher.generate([ids + prefix], Sampling(24, 1.0), suppress_tokens=[THINK])
     assert THINK not in held.ids and len(held.ids) > 0
 
 

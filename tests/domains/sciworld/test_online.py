@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from distill.config import OPDMethod, ROSEMethod, RunConfig
+from distill.config import OPDMethod, ROSEMethod, RunConfig, Sampling
 from distill.domains.sciworld import SciWorldDomain
 from distill.domains.sciworld.config import SciWorldDomainConfig
 from distill.domains.sciworld.pool import EnvPool
@@ -114,7 +114,7 @@ def test_cross_family_rose_bridges_turn_by_turn(tmp_path: Path, tiny_zoo: Any, s
     items = domain.train_items()[:1]
     seen: list[str] = []
     bridge = TokenizerBridge(student.tokenizer, llama)
-    bridged = BridgedAgent(EngineAgent(teacher, "teacher", 8), domain.script, bridge)
+    bridged = BridgedAgent(EngineAgent(teacher, "teacher", Sampling(8)), domain.script, bridge)
     inner_act = bridged.agent.act
 
     def spy(views):  # type: ignore[no-untyped-def]  # a test double of EngineAgent.act
@@ -122,7 +122,7 @@ def test_cross_family_rose_bridges_turn_by_turn(tmp_path: Path, tiny_zoo: Any, s
         return inner_act(views)
 
     bridged.agent.act = spy  # type: ignore[method-assign]  # a test double of EngineAgent.act
-    policy = handover(EngineAgent(student, "student", 8), bridged, 1)
+    policy = handover(EngineAgent(student, "student", Sampling(8)), bridged, 1)
     (ep,) = play(domain, items, policy, student.tokenizer, frame_for(student.tokenizer, None))
     assert [t.writer for t in ep.turns] == ["student", "teacher", "teacher"]
     assert len(seen) == 2 and all(s.startswith("<|begin_of_text|>") for s in seen)  # llama's own frame
