@@ -21,7 +21,8 @@ from distill.methods.budget import context_checks
 from distill.methods.cross_family import crosses
 from distill.methods.cross_family import warning as cross_warning
 from distill.methods.pair import check_tokenizers
-from distill.methods.preflight import preflight_report
+from distill.methods.preflight import REFERENCE_MAX_BYTES, preflight_report
+from distill.settings import get_settings
 from distill.zoo import PREFIX as ZOO
 from distill.zoo import resolve_model
 from distill.zoo.check import check_models
@@ -194,12 +195,26 @@ def preflight(
 ) -> str | None:
     """Template / thinking / self-score checks for on-policy methods; raises PreflightError. A
     run keeps the report, passed or failed, in `preflight.json` (what diagnose reads)."""
-    report = preflight_report(config, domain, student, teacher, run)
+    reference = (lambda: local_reference(config, teacher)) if config.teacher.engine == "server" else None
+    report = preflight_report(config, domain, student, teacher, run, reference)
     if report is None:
         return None
     text = report.render()
     say("preflight:\n" + text)
     return text
+
+
+def local_reference(config: RunConfig, teacher: Engine) -> Engine | None:
+    """A served teacher's weights loaded in this process, for the preflight's reference pass;
+    None when they are not a local folder small enough to load beside the run."""
+    from pathlib import Path
+
+    folder = Path(str(teacher.describe().get("path", "")))
+    weights = [*folder.glob("*.safetensors"), *folder.glob("*.bin")] if folder.is_dir() else []
+    if not weights or sum(f.stat().st_size for f in weights) > REFERENCE_MAX_BYTES:
+        return None
+    spec = config.teacher.model_copy(update={"engine": "hf", "url": None, "name": str(folder)})
+    return load_engine(spec, config, get_settings())
 
 
 def preflight_only(config: RunConfig, settings: Settings, say: Say) -> str:

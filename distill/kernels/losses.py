@@ -28,6 +28,9 @@ from typing import Literal
 
 import torch
 
+from distill.kernels.heads import select_positions
+from distill.kernels.jsd import chunked_jsd
+
 LossName = Literal["token_reward_direct", "k1", "k3", "low_var_kl", "forward_kl_topk", "jsd"]
 DIRECT_KL = ("k1", "k3", "low_var_kl")
 # verl (`kl_penalty`, low_var_kl) clamps the log-ratio so exp() stays finite on outliers, and the
@@ -110,18 +113,31 @@ def jsd_loss(
 ) -> torch.Tensor:
     """Full-vocabulary generalised JSD over the masked positions, both heads applied per chunk of
     positions with checkpointed chunks (kernels/heads.py): never a [B, T, V] tensor. TRL's own
-    chunked kernel holds ~1.7 GB of tiles on CPU at any length (benchmarks/scale_memory.py)."""
-    from distill.kernels.heads import select_positions
-    from distill.kernels.jsd import chunked_jsd
+    chunked kernel holds ~1.7 GB of tiles on CPU at any length (benchmarks/scale_memory.py).
 
+    Heads with different row counts (Qwen2.5: 151,936 up to 3B, 152,064 from 7B, one tokenizer)
+    are compared over the rows both have: the rows past the shorter head are ids no tokenizer
+    entry reaches, and each distribution is renormalised over the shared ones."""
     mask = mask_B_T.bool()
     student_N_H = select_positions(student_hidden_B_T_H, mask)
     teacher_N_H = select_positions(teacher_hidden_B_T_H, mask).to(student_N_H.dtype)
     return chunked_jsd(
-        student_N_H,
-        teacher_N_H,
-        (student_head.weight, getattr(student_head, "bias", None)),  # type: ignore[arg-type]  # nn.Module types parameters as Tensor | Module
-        (teacher_head.weight, getattr(teacher_head, "bias", None)),  # type: ignore[arg-type]  # nn.Module types parameters as Tensor | Module
-        beta,
-        temperature=temperature,
+        student_N_H, teacher_N_H, *shared_rows(student_head, teacher_head), beta, temperature=temperature
     )
+
+
+Head = tuple[torch.Tensor, torch.Tensor | None]
+
+
+def shared_rows(student_head: torch.nn.Module, teacher_head: torch.nn.Module) -> tuple[Head, Head]:
+    """(weight, bias) of both output heads over the rows both have (all of them when equal)."""
+    heads = []
+    for head in (student_head, teacher_head):
+        weight, bias = head.weight, getattr(head, "bias", None)
+        assert isinstance(weight, torch.Tensor), "an nn.Linear output head"
+        heads.append((weight, bias if isinstance(bias, torch.Tensor) else None))
+    rows = min(heads[0][0].shape[0], heads[1][0].shape[0])
+    (ws, bs), (wt, bt) = heads
+    if ws.shape[0] == wt.shape[0]:
+        return (ws, bs), (wt, bt)
+    return (ws[:rows], None if bs is None else bs[:rows]), (wt[:rows], None if bt is None else bt[:rows])

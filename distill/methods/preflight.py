@@ -272,10 +272,16 @@ def _check_self_score(student: Engine, items: Sequence[Item], max_new_tokens: in
 
 
 def preflight_report(
-    config: RunConfig, domain: Domain, student: Engine, teacher: Engine, run: RunDir | None = None
+    config: RunConfig,
+    domain: Domain,
+    student: Engine,
+    teacher: Engine,
+    run: RunDir | None = None,
+    reference: Callable[[], Engine | None] | None = None,
 ) -> PreflightReport | None:
     """The pre-training checks of a run's method (None: nothing to check). `run` keeps the report,
-    passed or failed, as `preflight.json` (diagnose's `preflight_failed` reads it)."""
+    passed or failed, as `preflight.json` (diagnose's `preflight_failed` reads it). `reference`:
+    loads the served teacher's weights here for the `teacher reference` check (None: no server)."""
     view = teacher_view(config, domain)
     if not config.preflight or view is None:
         return None
@@ -288,6 +294,8 @@ def preflight_report(
         )
         if registry.method_entry(config.method.name).teacher == "scores":
             report.run("vocabulary", lambda: vocabulary(student, teacher, cross))
+        if reference is not None:
+            report.run("teacher reference", lambda: reference_check(teacher, reference(), student, items))
         if cross:
             report.run("aligned groups", lambda: aligned_groups(student, teacher, items[0]))
     except PreflightError as exc:
@@ -316,6 +324,41 @@ def vocabulary(student: Engine, teacher: Engine, cross: bool) -> str:
         f"{sides}; shared ids 0..{limit - 1:,}: sampled ids >= {limit:,} are masked "
         f"(student/out_of_vocab_rate), teacher top-k ids >= {s_rows:,} go to the tail bucket"
     )
+
+
+# A reference pass loads the teacher's weights beside its server: only where they are small.
+REFERENCE_MAX_BYTES = 2 * 2**30
+# A gap this large (nats per token) means another model behind the endpoint: the run stops.
+REFERENCE_REFUSE = 1.0
+
+
+def reference_gap(scoring: Engine, reference: Engine, student: Engine, items: Sequence[Item]) -> float:
+    """Max |logprob| difference between the teacher's scoring engine and a reference pass of the
+    same model, on the student's greedy responses to `items` (scored after the teacher's prompt)."""
+    prompts = [scoring.prompt_ids(item.prompt) for item in items]
+    rollout = [trainer_prompt_ids(student, item.prompt) for item in items]
+    completions = [c.ids for c in student.generate(rollout, Sampling(16))]
+    a, b = scoring.score(prompts, completions), reference.score(prompts, completions)
+    gap_B_T = (a.logprobs_B_T.cpu() - b.logprobs_B_T.cpu()).abs()[a.mask_B_T.cpu()]
+    return float(gap_B_T.max()) if gap_B_T.numel() else 0.0
+
+
+def reference_check(scoring: Engine, reference: Engine | None, student: Engine, items: Sequence[Item]) -> str:
+    """The `teacher reference` check: a served teacher against its weights loaded here."""
+    if reference is None:
+        return f"skipped: the teacher's weights are not a local folder under {REFERENCE_MAX_BYTES / 2**30:.0f} GiB"
+    gap = reference_gap(scoring, reference, student, items)
+    if gap >= REFERENCE_REFUSE:
+        raise PreflightError(
+            f"teacher reference: the served teacher's logprobs differ from {reference_name(reference)} loaded "
+            f"here by up to {gap:.3g} nats per token: another checkpoint, tokenizer or template behind the "
+            "endpoint (serve teacher.name at the same revision and dtype)"
+        )
+    return f"max |delta logprob| {gap:.2e} (served vs in-process)"
+
+
+def reference_name(engine: Engine) -> str:
+    return str(engine.describe().get("path", "the teacher"))
 
 
 def aligned_groups(student: Engine, teacher: Engine, item: Item, max_new_tokens: int = 24) -> str:

@@ -17,9 +17,10 @@ every conversion says whether it was, and `seam.py` checks it on whole corpora.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+import unicodedata
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 from weakref import WeakKeyDictionary
 
 if TYPE_CHECKING:
@@ -224,6 +225,13 @@ class Bridged:
         return readable(self.source)
 
 
+def unicode_form(tokenizer: PreTrainedTokenizerBase) -> Literal["NFC", "NFD", "NFKC", "NFKD"] | None:
+    """The unicode normal form the tokenizer's normalizer puts text in (None: it keeps text as is)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    form = type(getattr(backend, "normalizer", None)).__name__
+    return form if form in ("NFC", "NFD", "NFKC", "NFKD") else None  # type: ignore[return-value]
+
+
 class TokenizerBridge:
     """Student <-> teacher ids through text; `same` when one tokenizer serves both (bypass)."""
 
@@ -235,6 +243,13 @@ class TokenizerBridge:
         self.teacher_specials = special_tokens(teacher)
         self.to_teacher_map = _special_map(student, teacher)
         self.to_student_map = _special_map(teacher, student)
+        # The unicode form text takes once either side's normalizer has read it (real Qwen3
+        # composes NFC): an NFD `e\u0301` written by one side is the same text as `é` to the pair.
+        self.form = unicode_form(student) or unicode_form(teacher)
+
+    def canon(self, text: str) -> str:
+        """`text` in the pair's unicode form: what "the same text" means across the seam."""
+        return unicodedata.normalize(self.form, text) if self.form else text
 
     def to_teacher(self, student_ids: Sequence[int]) -> Bridged:
         return self._convert(
@@ -242,6 +257,7 @@ class TokenizerBridge:
             (self.student, self.student_specials),
             (self.teacher, self.teacher_specials),
             self.to_teacher_map,
+            self.canon,
         )
 
     def to_student(self, teacher_ids: Sequence[int]) -> Bridged:
@@ -250,6 +266,7 @@ class TokenizerBridge:
             (self.teacher, self.teacher_specials),
             (self.student, self.student_specials),
             self.to_student_map,
+            self.canon,
         )
 
     def student_pieces(self, ids: Sequence[int]) -> list[Piece]:
@@ -264,6 +281,7 @@ class TokenizerBridge:
         src: tuple[PreTrainedTokenizerBase, dict[int, str]],
         dst: tuple[PreTrainedTokenizerBase, dict[int, str]],
         mapping: dict[str, tuple[str, int]],
+        canon: Callable[[str], str] = str,
     ) -> Bridged:
         out: list[int] = []
         renamed: list[Piece] = []
@@ -280,7 +298,7 @@ class TokenizerBridge:
             else:
                 out.extend(encode_plain(dst[0], piece.text))
                 renamed.append(piece)
-        lossless = flat(pieces(dst[0], out, dst[1])) == flat(renamed) and not dropped
+        lossless = canon(flat(pieces(dst[0], out, dst[1]))) == canon(flat(renamed)) and not dropped
         return Bridged(ids=out, source=renamed, dropped=dropped, lossless=lossless)
 
 

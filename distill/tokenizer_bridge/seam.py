@@ -10,6 +10,7 @@ tokens (never appear as literal text on the far side). Every failure is kept wit
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -20,6 +21,7 @@ from distill.tokenizer_bridge.bridge import (
     clean_cut,
     flat,
     readable,
+    unicode_form,
 )
 
 if TYPE_CHECKING:
@@ -99,11 +101,8 @@ def hard_texts(student: PreTrainedTokenizerBase, teacher: PreTrainedTokenizerBas
 def normalized(tokenizer: PreTrainedTokenizerBase, text: str) -> str:
     """`text` in the unicode form the tokenizer's normalizer composes it to (NFC, NFKC, ...);
     unchanged for any other normalizer (a sentencepiece `▁` rewrite is not a form of the text)."""
-    import unicodedata
-
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    form = type(getattr(backend, "normalizer", None)).__name__
-    return unicodedata.normalize(form, text) if form in ("NFC", "NFD", "NFKC", "NFKD") else text  # type: ignore[arg-type]
+    form = unicode_form(tokenizer)
+    return unicodedata.normalize(form, text) if form else text
 
 
 def cut_points(n: int, most: int | None) -> list[int]:
@@ -168,6 +167,9 @@ def _check_cut(
     rows: dict[str, CheckRow],
 ) -> None:
     """One seam: the student wrote s_ids[:k], the teacher writes the rest in its own tokens."""
+    # Texts compare in the pair's unicode form (`TokenizerBridge.canon`): one side's NFD is the
+    # other side's NFC, the same text.
+    canon = bridge.canon
     prefix = bridge.to_teacher(s_ids[:k])
     label = f"cut {k}/{len(s_ids)} of {readable(bridge.student_pieces(s_ids))[:32]!r}"
     got = flat(bridge.teacher_pieces(prefix.ids))
@@ -176,13 +178,15 @@ def _check_cut(
     rest = bridge.to_teacher(s_ids[k:]).ids
     got = flat(bridge.teacher_pieces(prefix.ids + rest))
     rows["seam (teacher side)"].record(
-        got == flat(whole_teacher), f"{label}: {_diff(flat(whole_teacher), got)}"
+        canon(got) == canon(flat(whole_teacher)), f"{label}: {_diff(flat(whole_teacher), got)}"
     )
     back = bridge.to_student(rest)
     got = flat(bridge.student_pieces(back.ids))
     rows["continuation -> student"].record(back.lossless, f"{label}: {_diff(flat(back.source), got)}")
     got = flat(bridge.student_pieces(s_ids[:k] + back.ids))
-    rows["seam (student side)"].record(got == whole_student, f"{label}: {_diff(whole_student, got)}")
+    rows["seam (student side)"].record(
+        canon(got) == canon(whole_student), f"{label}: {_diff(whole_student, got)}"
+    )
 
 
 def _leaks(source: Sequence[Piece], far: Sequence[Piece], far_tokenizer: PreTrainedTokenizerBase) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from distill.config import Sampling
 from distill.engines.base import Completion
 from distill.episodes.data import BridgedAgent, seam_failure_rate
 from distill.episodes.episode import Episode, frame_for
@@ -31,7 +32,7 @@ class Scripted(EngineAgent):
     the token sequences it was asked to continue."""
 
     def __init__(self, engine: Any, writer: str, texts: Sequence[str], raw: list[int] | None = None) -> None:
-        super().__init__(engine, writer, max_new_tokens=64)
+        super().__init__(engine, writer, Sampling(64))
         self.texts, self.raw = texts, raw
         self.views: list[Episode] = []
 

@@ -165,7 +165,8 @@ def test_cross_family_student_sampling_in_the_gap(
     assert [s["step"] for s in steps] == [1, 2]
     for step in steps:
         assert {"kl/aligned_share", "kl/topk_share", "bridge/seam_failure_rate"} <= set(step)
-    assert max(s["bridge/seam_failure_rate"] for s in steps) > 0
+    # The gap ids are cut before the bridge (tokens the tokenizer cannot decode): counted as
+    # out-of-vocabulary samples, never a crash.
     assert any(s.get("student/out_of_vocab_rate", 0) > 0 for s in steps)
 
 
