@@ -27,6 +27,12 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from distill import registry
+from distill.config import ConfigError, dump_config, resolve_config
+from distill.engines.compat import check_config
+from distill.launch import set_parent_death_signal
+from distill.runner import execute
+from distill.tracking.mlflow import MlflowTracker, client_for, mlflow_metric_name, open_tracker
+from distill.tracking.rundir import RunDir, RunRefused, check_run_id, live_status
 
 if TYPE_CHECKING:
     from distill.config import RunConfig
@@ -166,10 +172,6 @@ def plan(
 ) -> GridSpec:
     """The grid, every cell's config checked; nothing is written. GridRefused names the
     option, override or cell that is wrong."""
-    from distill.config import ConfigError
-    from distill.engines.compat import check_config
-    from distill.tracking.rundir import RunRefused, check_run_id
-
     if seeds < 1:
         raise GridRefused(f"--seeds: {seeds}; give 1 or more")
     spec = GridSpec(
@@ -215,8 +217,6 @@ def plan(
 
 
 def _resolve(domain: str, method: str, overrides: list[str]) -> RunConfig:
-    from distill.config import ConfigError, resolve_config
-
     try:
         return resolve_config(domain, method, overrides=overrides)
     except ConfigError as exc:
@@ -229,8 +229,6 @@ def _resolve(domain: str, method: str, overrides: list[str]) -> RunConfig:
 
 
 def _cell_config(spec: GridSpec, cell: Cell) -> RunConfig:
-    from distill.config import ConfigError
-
     budget = spec.budgets[cell.domain]
     mine = [text for scope, text in map(_scope, spec.overrides) if scope in (None, *cell.scopes)]
     cell_fields = [f"seed={cell.seed}", f"tracking.run_name={spec.run_id(cell)}"]
@@ -279,16 +277,12 @@ class Grid:
 
     def cell_status(self, cell: Cell) -> str:
         """NEW (no run yet), or the run's live status (FINISHED, DIED, KILLED, FAILED, RUNNING)."""
-        from distill.tracking.rundir import RunDir, live_status
-
         run = RunDir(self.run_dir(cell))
         if not run.config.exists():
             return "NEW"
         return live_status(run.read_summary()) if run.summary.exists() else "DIED"
 
     def summaries(self) -> dict[Cell, dict[str, Any]]:
-        from distill.tracking.rundir import RunDir
-
         out = {}
         for cell in self.spec.cells():
             run = RunDir(self.run_dir(cell))
@@ -299,8 +293,6 @@ class Grid:
 
 def create(settings: Settings, spec: GridSpec) -> Grid:
     """The grid folder and its parent MLflow run."""
-    from distill.tracking.mlflow import open_tracker
-
     grid = Grid(settings, spec)
     if grid.path.exists():
         raise GridRefused(f"grid folder {grid.path} already exists; pick another --name or --resume it")
@@ -329,8 +321,6 @@ def create(settings: Settings, spec: GridSpec) -> Grid:
 def run_cells(grid: Grid, parallel: int, say: Say) -> None:
     """Every cell not FINISHED, one after another (or `parallel` at a time, each in its own
     process). A cell that fails is recorded and the others go on; Ctrl-C stops the grid."""
-    from distill.tracking.mlflow import client_for
-
     todo: dict[Cell, str] = {}
     cells = grid.spec.cells()
     for cell in cells:
@@ -361,8 +351,6 @@ def run_cells(grid: Grid, parallel: int, say: Say) -> None:
 
 
 def _run_here(grid: Grid, cell: Cell, say: Say) -> None:
-    from distill.runner import execute
-
     config = _cell_config(grid.spec, cell) if grid.cell_status(cell) == "NEW" else None
     prefix = f"[{cell.label}] "
     try:
@@ -385,8 +373,6 @@ def _run_here(grid: Grid, cell: Cell, say: Say) -> None:
 
 
 def _cell_command(grid: Grid, cell: Cell) -> list[str]:
-    from distill.config import dump_config
-
     if grid.cell_status(cell) != "NEW":
         return [sys.executable, "-m", "distill", "run", "--resume", grid.spec.run_id(cell)]
     config = _cell_config(grid.spec, cell)
@@ -400,8 +386,6 @@ def _run_processes(
     grid: Grid, cells: list[Cell], parallel: int, starting: Callable[[Cell], None], say: Say
 ) -> None:
     """`distill run` per cell, `parallel` at a time; each writes `<grid>/logs/<run id>.log`."""
-    from distill.launch import set_parent_death_signal
-
     lock = threading.Lock()
     queue = list(cells)
     (grid.path / "logs").mkdir(exist_ok=True)
@@ -446,8 +430,6 @@ def _run_processes(
 
 def finish(grid: Grid, artifacts: list[Path], metrics: dict[str, float]) -> None:
     """The parent MLflow run: the table's files and numbers, and the grid's end status."""
-    from distill.tracking.mlflow import MlflowTracker, mlflow_metric_name
-
     tracker = MlflowTracker.attach(grid.spec.tracking_uri, str(grid.spec.mlflow_run_id))
     tracker.log_metrics({mlflow_metric_name(k): v for k, v in metrics.items()}, step=0)
     for path in artifacts:

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from distill import __version__
 from distill.archive.hashing import Md5Cache, file_md5, files_md5, text_md5
+from distill.settings import get_settings
+from distill.tracking.mlflow import git_tags
 from distill.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -113,8 +115,6 @@ def build_manifest(
 ) -> dict[str, Any]:
     """The manifest of a run about to train; `teacher_worker_device`: where the teacher's worker
     process scores (rollout.async_teacher with the hf engine), None without one."""
-    from distill.tracking.mlflow import git_tags
-
     git = git_tags()
     return {
         "distill_version": __version__,
@@ -137,8 +137,6 @@ def build_manifest(
 
 def md5_cache() -> Md5Cache:
     """The workspace's cache of file hashes (see `Md5Cache`)."""
-    from distill.settings import get_settings
-
     return Md5Cache(get_settings().workspace / ".cache" / "file-md5.json")
 
 

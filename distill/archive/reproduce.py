@@ -19,8 +19,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distill.archive.dvcrepo import ArchiveError
-from distill.archive.manifest import package_versions, read_manifest, start_differences, start_pins
+from distill.archive.manifest import git_diff, package_versions, read_manifest, start_differences, start_pins
+from distill.config import ConfigError, RunConfig
+from distill.domains import build_domain
+from distill.engines.hf import HFEngine
+from distill.evals import evaluator_for
+from distill.settings import get_settings
+from distill.tracking.mlflow import git_tags
 from distill.tracking.rundir import RunDir
+from distill.zoo import resolve_model
 
 if TYPE_CHECKING:
     from distill.config import RunConfig
@@ -77,9 +84,6 @@ def environment_notes(manifest: dict[str, Any], config: RunConfig) -> list[str]:
     """What differs from the recorded environment and can change numbers."""
     import torch
 
-    from distill.archive.manifest import git_diff
-    from distill.tracking.mlflow import git_tags
-
     notes = []
     recorded = manifest.get("packages", {})
     current = package_versions()
@@ -110,9 +114,6 @@ def current_start(config: RunConfig) -> dict[str, dict[str, Any]]:
     """The pins of the models `config` names as they are here now (zoo models built if missing,
     as the re-run would)."""
     from transformers import AutoTokenizer
-
-    from distill.settings import get_settings
-    from distill.zoo import resolve_model
 
     settings = get_settings()
     models: dict[str, tuple[str, str | None]] = {}
@@ -152,8 +153,6 @@ def check_start(manifest: dict[str, Any], config: RunConfig, run_id: str) -> lis
 
 
 def _manifest_config(run_dir: Path) -> tuple[dict[str, Any], RunConfig]:
-    from distill.config import ConfigError, RunConfig
-
     manifest = read_manifest(run_dir)
     if "config" not in manifest:
         raise ArchiveError(f"{run_dir / 'manifest.json'} has no `config` section")
@@ -204,10 +203,6 @@ def final_checkpoint(run_dir: Path, config: RunConfig) -> Path:
 def reproduce_eval(run_dir: Path, say: Say = print, show_progress: bool = True) -> Reproduction:
     """Evaluate the run's final checkpoint as the run did and compare with its recorded final eval."""
     import torch
-
-    from distill.domains import build_domain
-    from distill.engines.hf import HFEngine
-    from distill.evals import evaluator_for
 
     original = RunDir(run_dir).read_summary()
     if "student_after" not in original:

@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING
 import yaml
 
 from distill.archive.dvcrepo import ArchiveError
-from distill.tracking.rundir import RunDir
+from distill.archive.manifest import read_manifest
+from distill.archive.store import RECORD
+from distill.tracking.mlflow import download_artifact, runs_named
+from distill.tracking.rundir import RunDir, RunRefused, check_run_id
 
 if TYPE_CHECKING:
     from distill.settings import Settings
@@ -28,8 +31,6 @@ SQLITE_PREFIX = "sqlite:///"
 def check_restorable(run_id: str) -> None:
     """A run to re-create is named by its id: a path (or nothing) would put the restored folder
     outside the workspace's runs, so it is refused before MLflow or DVC is touched."""
-    from distill.tracking.rundir import RunRefused, check_run_id
-
     try:
         check_run_id(run_id)
     except RunRefused:
@@ -41,8 +42,6 @@ def find_archived_mlflow_run(uri: str, run_id: str) -> tuple[str, dict[str, str]
 
     The name is matched by `runs_named`, outside MLflow's filter language: a quote in it is text.
     """
-    from distill.tracking.mlflow import runs_named
-
     check_restorable(run_id)
     nothing = f"no run {run_id!r} in this workspace, and no archived MLflow run of that name in {uri}"
     db = uri[len(SQLITE_PREFIX) :].split("?", 1)[0] if uri.startswith(SQLITE_PREFIX) else None
@@ -58,9 +57,6 @@ def find_archived_mlflow_run(uri: str, run_id: str) -> tuple[str, dict[str, str]
 def restore_run_dir(settings: Settings, run_id: str) -> Path:
     """Write the `.dvc` files and `archive.json` of an archived run from its MLflow tags; returns
     the run directory, ready for `pull_run`."""
-    from distill.archive.store import RECORD
-    from distill.tracking.mlflow import download_artifact
-
     uri = settings.resolved_tracking_uri
     mlflow_run_id, tags = find_archived_mlflow_run(uri, run_id)
     run = RunDir(settings.runs_dir / run_id)
@@ -92,7 +88,6 @@ def finish_restore(run_dir: Path) -> None:
     run = RunDir(run_dir)
     if run.config.exists():
         return
-    from distill.archive.manifest import read_manifest
 
     config = read_manifest(run_dir).get("config")
     if config is not None:

@@ -33,6 +33,8 @@ from distill.archive.hashing import (
 )
 from distill.archive.manifest import read_manifest, update_manifest
 from distill.archive.tagger import MlflowTagger
+from distill.config import load_run_config
+from distill.settings import get_settings
 from distill.tracking.rundir import RunDir, live_status
 
 if TYPE_CHECKING:
@@ -59,8 +61,6 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def _run_config(run_dir: Path) -> RunConfig:
-    from distill.config import load_run_config
-
     return load_run_config(RunDir(run_dir).config)
 
 
@@ -68,8 +68,6 @@ def materialise_prompts(run_dir: Path, config: RunConfig) -> list[Path]:
     """Copy the run's materialised prompt sets (`<workspace>/data/<domain>-<split>-<key>.jsonl`, the
     exact items it trained and was evaluated on) into `<run>/data/prompts/`; regenerate them first
     when the workspace no longer has them (generation is deterministic in the domain config)."""
-    from distill.settings import get_settings
-
     # Where and under which key `distill.domains.base.cached_items` files a domain config's items.
     data_dir = get_settings().workspace / "data"
     pattern = f"{config.domain.name}-*-{config.domain.items_key()}.jsonl"

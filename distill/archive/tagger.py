@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from distill.archive.dvcrepo import ArchiveError
+from distill.tracking.mlflow import client_for, tag_run
 
 
 class MlflowTagger:
@@ -84,8 +85,6 @@ class MlflowTagger:
 
 
 def _serve(uris: list[str], answers: Any) -> None:
-    from distill.tracking.mlflow import client_for, tag_run
-
     clients = {uri: client_for(uri) for uri in uris}
     for client in clients.values():
         client.search_experiments(max_results=1)  # opens the store (schema check) before any job comes

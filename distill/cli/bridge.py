@@ -6,8 +6,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from distill.zoo.families import model_rows
-
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -25,6 +23,7 @@ def load_tokenizer(name: str, domain: str, label: str = "tokenizer") -> PreTrain
     from distill.settings import get_settings
     from distill.zoo import resolve_model
     from distill.zoo.check import check_model_name
+    from distill.zoo.families import model_rows
 
     check_model_name(name, domain, label, tokenizer_only=True)  # before a zoo build or a load
     path = resolve_model(name, domain_config(domain), get_settings())

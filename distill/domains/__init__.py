@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from distill import registry
+
 if TYPE_CHECKING:
     from distill.config import DomainBase
     from distill.domains.base import Domain
 
 
 def build_domain(config: DomainBase) -> Domain:
-    from distill import registry
-
     domain: Domain = registry.resolve(registry.domain_entry(config.name).build)(config)
     return domain

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from distill.settings import get_settings
+
 if TYPE_CHECKING:
     from distill.config import DomainBase
 
@@ -100,8 +102,6 @@ def cached_items(config: DomainBase, split: str, make: Callable[[], list[Item]])
     Generation can take seconds (rlve-gym) to minutes (real data sets); every process of a run,
     the zoo build and the eval reuse one file. The file is also the run's exact training data.
     """
-    from distill.settings import get_settings
-
     path = get_settings().workspace / "data" / f"{config.name}-{split}-{config.items_key()}.jsonl"
     if path.exists():
         return [Item(**json.loads(line)) for line in path.read_text().splitlines() if line]

@@ -13,6 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 from distill.config import Sampling
 from distill.engines.base import ChatPrompts, Completion, KVCache, TokenScores, right_pad
+from distill.engines.batched import continue_many
+from distill.engines.context import ContextError, context_length, room
+from distill.kernels.heads import (
+    head_gather,
+    head_gather_topk,
+    output_head,
+    scatter_positions,
+    select_positions,
+)
+from distill.kernels.states import completion_states
+from distill.progress import hf_bars_off
 
 if TYPE_CHECKING:
     import torch
@@ -61,8 +72,6 @@ class HFEngine(ChatPrompts):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from distill.progress import hf_bars_off
-
         tokenizer = AutoTokenizer.from_pretrained(path)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -83,8 +92,6 @@ class HFEngine(ChatPrompts):
     @property
     def context(self) -> int | None:
         """The positions the model was built for (prompt + response must fit in them)."""
-        from distill.engines.context import context_length
-
         return context_length(self.model)
 
     def describe(self) -> dict[str, Any]:
@@ -142,7 +149,6 @@ class HFEngine(ChatPrompts):
         if suppress_tokens:
             before = self.model.generation_config.suppress_tokens or []
             suppress["suppress_tokens"] = sorted(set(before) | set(suppress_tokens))
-        from distill.engines.context import ContextError, room
 
         out: list[Completion] = []
         for start in range(0, len(prompt_ids), batch_size):
@@ -180,8 +186,6 @@ class HFEngine(ChatPrompts):
         """
         import torch
 
-        from distill.engines.context import room
-
         ids = list(ids)
         budget = room(self.context, len(ids), sampling.max_new_tokens)
         if budget < 1:  # the context is full: the turn is cut before it starts, and counts as truncated
@@ -212,9 +216,6 @@ class HFEngine(ChatPrompts):
     ) -> list[tuple[Completion, KVCache]]:
         """`continue_generate` for many sequences in one batch, each from its own cache
         (engines/batched.py); rows whose context is full come back empty and truncated."""
-        from distill.engines.batched import continue_many
-        from distill.engines.context import room
-
         budgets = [room(self.context, len(ids), sampling.max_new_tokens) for ids in rows]
         results: list[tuple[Completion, KVCache] | None] = [
             None if b >= 1 else (Completion(ids=[], text="", truncated=True), c or KVCache(None, []))
@@ -248,14 +249,6 @@ class HFEngine(ChatPrompts):
         tensors on the model's device: hidden states once, the head applied per chunk of
         positions (kernels/heads.py), never [B, T, vocab]."""
         import torch
-
-        from distill.kernels.heads import (
-            head_gather,
-            head_gather_topk,
-            output_head,
-            scatter_positions,
-            select_positions,
-        )
 
         comp_B_T, mask_B_T = self._completions(prompt_ids, completion_ids)
         device = self.model.device
@@ -328,8 +321,6 @@ class HFEngine(ChatPrompts):
     ) -> Iterator[tuple[slice, torch.Tensor]]:
         """(rows, hidden states at those rows' completion positions), `batch_size` rows at a time."""
         import torch
-
-        from distill.kernels.states import completion_states
 
         width = max((len(p) for p in prompt_ids), default=0) + comp_B_T.shape[1]
         size = batch_size or max(1, SCORE_TOKENS // max(width, 1))

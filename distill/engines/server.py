@@ -32,6 +32,7 @@ import orjson
 
 from distill.config import Sampling, ServerClientConfig
 from distill.engines.base import ChatPrompts, Completion, KVCache, TokenScores, right_pad
+from distill.engines.context import ContextError, room
 
 if TYPE_CHECKING:
     import torch
@@ -243,7 +244,6 @@ class ServerEngine(ChatPrompts):
         """One completion per prompt row, from token ids, drawn as `sampling` says (greedy at
         temperature 0)."""
         eos = self.eos_ids | set(sampling.stop)
-        from distill.engines.context import ContextError, room
 
         # The context policy (engines/context.py): capped at the room the longest prompt leaves.
         longest = max((len(p) for p in prompt_ids), default=0)

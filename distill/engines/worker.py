@@ -16,6 +16,8 @@ import traceback
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from distill.engines.hf import HFEngine
+
 if TYPE_CHECKING:
     from distill.engines.base import TokenScores
 
@@ -26,8 +28,6 @@ def _serve(
     conn: Any, path: str, precision: str, enable_thinking: bool | None, threads: int | None, device: str
 ) -> None:
     import torch
-
-    from distill.engines.hf import HFEngine
 
     try:
         if threads:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from distill.engines.base import Completion
 from distill.episodes.episode import BridgedCompletion, Episode, frame_for
+from distill.tokenizer_bridge.bridge import trim_partial
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -104,8 +105,6 @@ def retokenize(
     already in the far side's tokens, kept as they are (a bridged writer's own turns). `ongoing`:
     the episode is still being played, so its last observation is encoded too.
     """
-    from distill.tokenizer_bridge.bridge import trim_partial
-
     source = bridge.student if to_teacher else bridge.teacher
     convert = bridge.to_teacher if to_teacher else bridge.to_student
     out = Episode(
@@ -155,8 +154,6 @@ class BridgedAgent:
         self.own: dict[int, dict[int, list[int]]] = {}
 
     def act(self, episodes: Sequence[Episode]) -> list[Completion]:
-        from distill.tokenizer_bridge.bridge import trim_partial
-
         # Episodes leave the agent only when they end (ROSE never hands back to the student).
         self.own = {ep.uid: self.own.get(ep.uid, {}) for ep in episodes}
         views = []

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from distill.engines.base import Completion
 from distill.episodes.episode import BridgedCompletion, ChatFrame, Episode
 
 if TYPE_CHECKING:
@@ -51,8 +52,6 @@ class EngineAgent:
         self.reuse_cache = reuse_cache and engine.supports_cache
 
     def act(self, episodes: Sequence[Episode]) -> list[Completion]:
-        from distill.engines.base import Completion
-
         # The context policy (engines/context.py): an episode that has filled the model's context
         # ends here, failed with the reason, rather than running past the model's positions.
         context = self.engine.context
@@ -101,8 +100,6 @@ class ScriptedAgent:
         self.fallback = fallback
 
     def act(self, episodes: Sequence[Episode]) -> list[Completion]:
-        from distill.engines.base import Completion
-
         out = []
         for ep in episodes:
             gold = self.plan(ep)
@@ -234,8 +231,6 @@ def end_turn(comp: Completion, end: int | None, tokenizer: PreTrainedTokenizerBa
     is): the fewest of its ids whose text reaches `end`, then an EOS, as a stop string ends a
     generation. What the writer wrote after that never enters the episode; the EOS is the
     writer's (a trainer's mask 1), so a loss teaches ending the turn there."""
-    from distill.engines.base import Completion
-
     if end is None:
         return comp
     if tokenizer is None or not comp.ids:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from distill import registry
+from distill.evals.single_turn import evaluate
+
 if TYPE_CHECKING:
     from distill.config import EvalConfig
     from distill.domains.base import Domain, Item
@@ -26,12 +29,9 @@ class Evaluator(Protocol):
 
 def evaluator_for(domain: Domain) -> Evaluator:
     """The eval of a run on `domain`: single-turn responses, or episodes for an episodic domain."""
-    from distill import registry
-
     if registry.domain_entry(domain.name).episodic:
         from distill.evals.agent import evaluate_episodes
 
         return evaluate_episodes
-    from distill.evals.single_turn import evaluate
 
     return evaluate

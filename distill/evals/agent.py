@@ -15,7 +15,11 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
+from distill.episodes.episode import frame_for
+from distill.episodes.play import EngineAgent, play, single
+from distill.episodes.protocol import as_episodic
 from distill.evals.single_turn import EvalResult
+from distill.progress import progress_bar
 
 if TYPE_CHECKING:
     from distill.config import EvalConfig
@@ -71,10 +75,6 @@ def evaluate_agent(
     show_progress: bool = True,
 ) -> EvalResult:
     """Play one episode per item (greedy at temperature 0) across the domain's envs and summarise."""
-    from distill.episodes.episode import frame_for
-    from distill.episodes.play import EngineAgent, play, single
-    from distill.progress import progress_bar
-
     agent = EngineAgent(engine, "student", config.sampling(), config.batch_size)
     frame = frame_for(engine.tokenizer, engine.enable_thinking)
     start = time.perf_counter()
@@ -99,8 +99,6 @@ def evaluate_episodes(
     show_progress: bool = True,
 ) -> EvalResult:
     """A run's eval on an episodic domain (the same call as the single-turn `evaluate`)."""
-    from distill.episodes.protocol import as_episodic
-
     return evaluate_agent(engine, as_episodic(domain), items, config, label, show_progress)
 
 

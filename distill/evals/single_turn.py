@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from distill.evals.metrics import summarize
 from distill.evals.overlong import fit_context
+from distill.progress import progress_bar
 
 if TYPE_CHECKING:
     from distill.config import EvalConfig
@@ -41,8 +42,6 @@ def evaluate(
     label: str = "eval",
     show_progress: bool = True,
 ) -> EvalResult:
-    from distill.progress import progress_bar
-
     k = config.k
     prompts = [engine.prompt_ids(item.prompt) for item in items]
     # Prompts that leave no room to answer: named and stopped, or left out (eval.overlong).

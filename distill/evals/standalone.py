@@ -17,6 +17,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from distill import registry
+from distill.config import EvalConfig, domain_config
+from distill.domains import build_domain
+from distill.engines.context import check_budget
+from distill.engines.hf import HFEngine
+from distill.engines.templates import apply_chat_template
+from distill.evals import evaluator_for
+from distill.evals.overlong import fit_context, named
+from distill.tracking.mlflow import open_tracker
+from distill.tracking.rundir import RunDir
+
 if TYPE_CHECKING:
     from distill.config import DomainBase
     from distill.domains.base import Domain, Item
@@ -158,8 +169,6 @@ def episodic_sampling(req: EvalRequest) -> Sampling:
 
 def check_request(req: EvalRequest, episodic: bool) -> None:
     """Option combinations, checked before any model or data is touched."""
-    from distill import registry
-
     if req.workers is not None and (not episodic or req.workers < 1):
         raise ValueError(
             "--workers sizes an episodic domain's environment pool (--domain sciworld), and must be >= 1"
@@ -181,8 +190,6 @@ def check_request(req: EvalRequest, episodic: bool) -> None:
 
 def training_run(model: str) -> RunDir | None:
     """The run when `model` is one of its checkpoints (runs/<id>/checkpoints/step-N)."""
-    from distill.tracking.rundir import RunDir
-
     path = Path(model).resolve()
     run = RunDir(path.parent.parent)
     if path.parent.name == RunDir.CHECKPOINTS and run.summary.exists():
@@ -207,8 +214,6 @@ def eval_experiment(model: str, experiment: str | None) -> str:
 def eval_domain_config(req: EvalRequest, episodic: bool) -> DomainBase:
     """The domain as `distill eval` sees it: the protocol's turn budget, then the user's domain
     fields, then what the options (--benchmark, --data, --workers) say."""
-    from distill.config import domain_config
-
     fields: dict[str, Any] = {"max_turns": AGENTGYM_MAX_TURNS} if episodic else {}
     fields.update(req.domain_fields)
     if req.benchmark is not None and not episodic:
@@ -222,9 +227,6 @@ def prepare_eval(req: EvalRequest) -> PreparedEval:
     """Check the options and load the items: every mistake that needs no model (a bad data file, a
     wrong domain field) is found here, before a zoo build or a model load. The caller closes
     `prepared.domain` (worker processes of graders and simulators)."""
-    from distill import registry
-    from distill.domains import build_domain
-
     episodic = registry.domain_entry(req.domain).episodic
     if episodic and req.benchmark is None:
         # An episodic domain's own protocol (SciWorld: AgentGym) is its eval outside a run.
@@ -257,13 +259,6 @@ def evaluate_model(
 ) -> EvalOutcome:
     """Evaluate the model at `path` (the caller resolved `req.model`), write and log the result;
     `say` gets the warnings (a budget capped at the model's context) before the eval starts."""
-    from distill.config import EvalConfig
-    from distill.engines.context import check_budget
-    from distill.engines.hf import HFEngine
-    from distill.engines.templates import apply_chat_template
-    from distill.evals import evaluator_for
-    from distill.evals.overlong import fit_context, named
-
     prep = req if isinstance(req, PreparedEval) else prepare_eval(req)
     req, sampling, items, bench = prep.req, prep.sampling, prep.items, prep.bench
     try:
@@ -323,8 +318,6 @@ def _log(
     settings: Settings,
 ) -> tuple[str, str | None]:
     """A (nested, for a checkpoint) MLflow run with the settings, the metrics and the result file."""
-    from distill.tracking.mlflow import open_tracker
-
     parent = training_run(req.model)
     tracker = open_tracker(
         parent.tracking_uri(settings) if parent else settings.resolved_tracking_uri,

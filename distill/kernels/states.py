@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from distill.kernels.heads import output_head, select_positions, token_logprobs
+from distill.kernels.heads import (
+    output_head,
+    scatter_positions,
+    select_positions,
+    token_logprobs,
+    token_logprobs_entropy,
+)
+from distill.launch import world_size
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -46,8 +53,6 @@ def decoder_states(model: Any, input_ids_B_L: torch.Tensor, attention_mask_B_L: 
     not average the gradients; its `hidden_states[-1]` is bitwise the decoder's last_hidden_state
     (transformers 5), and `logits_to_keep=1` keeps the head off the sequence.
     """
-    from distill.launch import world_size
-
     if world_size() == 1:
         out = model.get_decoder()(input_ids=input_ids_B_L, attention_mask=attention_mask_B_L, use_cache=False)
         return out.last_hidden_state
@@ -110,8 +115,6 @@ def completion_logprobs(
     (no grad; one more pass of the head over the same hidden states, None when temperature is 1
     anyway). What GRPOTrainer's per-token logps are, from the chunked head instead of TRL's fused
     head (whose CPU path holds [4096 tokens, 32768 vocab] fp32 tiles, ~1-2 GB at any length)."""
-    from distill.kernels.heads import scatter_positions, token_logprobs, token_logprobs_entropy
-
     hidden_B_L_H = decoder_states(model, input_ids_B_L, attention_mask_B_L)
     # Position t of the completion is predicted by the state just before it.
     mask_B_T = attention_mask_B_L[:, -width:].bool()

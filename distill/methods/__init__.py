@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from distill import registry
+
 if TYPE_CHECKING:
     from distill.methods.context import RunContext
 
 
 def get_method(name: str, domain: str) -> Callable[[RunContext], None]:
     """The training function of method `name` on `domain` (its episode version on an episodic one)."""
-    from distill import registry
-
     train: Callable[[RunContext], None] = registry.resolve(registry.method_target(name, domain))
     return train

@@ -17,6 +17,8 @@ from transformers import TrainerCallback
 
 from distill.hardware import model_shape, reset_gpu_peak, step_metrics
 from distill.kernels.heads import default_chunk_rows
+from distill.launch import barrier, reduce_metrics
+from distill.progress import StepBar
 
 if TYPE_CHECKING:
     from transformers import TrainerControl, TrainerState, TrainingArguments
@@ -47,8 +49,6 @@ class DistillCallback(TrainerCallback):
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ):
-        from distill.progress import StepBar
-
         if not state.is_world_process_zero:
             return  # one progress bar per run, rank 0's
         model = kw.get("model")
@@ -57,7 +57,9 @@ class DistillCallback(TrainerCallback):
             self._shape = model_shape(model) if self._device.type == "cuda" else None
             vocab = int(model.get_output_embeddings().weight.shape[0])
             # The output head's rows per chunk on this device (kernels/heads.py), once a run.
-            self.ctx.log.tracker.set_tags({"kernels.chunk_rows": str(default_chunk_rows(vocab, self._device))})
+            self.ctx.log.tracker.set_tags(
+                {"kernels.chunk_rows": str(default_chunk_rows(vocab, self._device))}
+            )
         self._bar = StepBar(
             f"training {self.ctx.config.method.name}", state.max_steps, state.global_step, say=self.ctx.say
         )
@@ -97,7 +99,6 @@ class DistillCallback(TrainerCallback):
         for key, value in logs.items():
             if key in RENAME and isinstance(value, (int, float)):
                 metrics[RENAME[key]] = float(value)
-        from distill.launch import reduce_metrics
 
         pending = self.ctx.log.pending
         # Every rank calls on_log at the same step: the figures become the whole step's.
@@ -113,15 +114,15 @@ class DistillCallback(TrainerCallback):
         if tokens is not None and self._last_step_time > 0:
             metrics["perf/tokens_per_s"] = tokens / self._last_step_time
             if self._shape is not None:
-                perf = step_metrics(self._shape, int(tokens), int(seq_len), self._last_step_time, self._device)
+                perf = step_metrics(
+                    self._shape, int(tokens), int(seq_len), self._last_step_time, self._device
+                )
                 metrics.update(perf)
         self.ctx.log.write(state.global_step, metrics)
         if self._bar is not None:
             self._bar.update(state.global_step, metrics)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any):
-        from distill.launch import barrier
-
         # Every rank writes its part (its RNG state, its shards) before rank 0 commits the folder.
         barrier()
         src = Path(str(args.output_dir)) / f"checkpoint-{state.global_step}"

@@ -14,7 +14,15 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from distill.config import SFTMethod
+from distill.episodes.data import IGNORE, episode_example, episode_stats, retokenize
+from distill.episodes.episode import frame_for
+from distill.episodes.play import EngineAgent, play, single
+from distill.episodes.protocol import as_episodic
 from distill.methods.budget import teacher_turns
+from distill.methods.callbacks import trainer_common_args
+from distill.methods.sft import fit_sft
+from distill.progress import progress_bar
+from distill.tokenizer_bridge.bridge import TokenizerBridge
 
 if TYPE_CHECKING:
     from distill.methods.context import RunContext
@@ -22,13 +30,6 @@ if TYPE_CHECKING:
 
 def teacher_episodes(ctx: RunContext) -> list[dict[str, Any]]:
     """teacher-SFT data: the teacher plays the training items; rows saved in `data/`."""
-    from distill.episodes.data import episode_example, episode_stats, retokenize
-    from distill.episodes.episode import frame_for
-    from distill.episodes.play import EngineAgent, play, single
-    from distill.episodes.protocol import as_episodic
-    from distill.progress import progress_bar
-    from distill.tokenizer_bridge.bridge import TokenizerBridge
-
     cfg = ctx.config
     method = ctx.method_as(SFTMethod)
     domain = as_episodic(ctx.domain)
@@ -72,7 +73,9 @@ def teacher_episodes(ctx: RunContext) -> list[dict[str, Any]]:
         for row in rows:
             fh.write(json.dumps(row) + "\n")
     seam = {"teacher/seam_failure_rate": 1 - sum(seams) / len(seams)} if seams else {}
-    ctx.log.write(0, {**episode_stats(episodes, domain), **teacher_turns(episodes, sampling.max_new_tokens), **seam})
+    ctx.log.write(
+        0, {**episode_stats(episodes, domain), **teacher_turns(episodes, sampling.max_new_tokens), **seam}
+    )
     return rows
 
 
@@ -80,10 +83,6 @@ def train(ctx: RunContext) -> None:
     """Multi-turn teacher-SFT: CE on the teacher's turns of its own (successful) episodes."""
     from datasets import Dataset
     from trl import SFTConfig
-
-    from distill.episodes.data import IGNORE
-    from distill.methods.callbacks import trainer_common_args
-    from distill.methods.sft import fit_sft
 
     cfg = ctx.config
     method = ctx.method_as(SFTMethod)

@@ -12,13 +12,15 @@ import math
 from typing import Any
 
 from distill.config import SFTMethod
+from distill.kernels.states import ce_loss
 from distill.methods.budget import teacher_budget
+from distill.methods.callbacks import quiet, trainer_common_args
 from distill.methods.context import RunContext
+from distill.methods.online import CECallback, live_model
+from distill.progress import progress_bar
 
 
 def write_trajectories(ctx: RunContext) -> list[dict[str, Any]]:
-    from distill.progress import progress_bar
-
     cfg = ctx.config
     method = ctx.method_as(SFTMethod)
     path = ctx.run.data / "teacher_trajectories.jsonl"
@@ -95,8 +97,6 @@ def train(ctx: RunContext) -> None:
     from datasets import Dataset
     from trl import SFTConfig
 
-    from distill.methods.callbacks import trainer_common_args
-
     cfg = ctx.config
     method = ctx.method_as(SFTMethod)
     rows = write_trajectories(ctx)
@@ -120,9 +120,6 @@ def train(ctx: RunContext) -> None:
 def fit_sft(ctx: RunContext, args: Any, dataset: Any) -> None:
     """Run `trl.SFTTrainer` on a prepared dataset, logging CE as `train/ce_loss` (teacher-SFT on
     trajectories and on SciWorld episodes share it)."""
-    from distill.methods.callbacks import quiet
-    from distill.methods.online import CECallback, live_model
-
     trainer = chunked_sft_trainer()(
         model=ctx.student.model,
         args=args,
@@ -138,8 +135,6 @@ def chunked_sft_trainer() -> type:
     """`trl.SFTTrainer` with its loss through distill's chunked head: TRL's own fused head holds
     [4096 tokens, 32768 vocab] fp32 tiles on CPU (~1-2 GB at any length, benchmarks/scale_memory.py)."""
     from trl import SFTTrainer
-
-    from distill.kernels.states import ce_loss
 
     class ChunkedSFTTrainer(SFTTrainer):
         def compute_loss(

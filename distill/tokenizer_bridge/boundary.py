@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from distill.tokenizer_bridge.granularity import vocab_bytes
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -51,8 +53,6 @@ def _successor(b: bytes) -> bytes | None:
 
 
 def prefix_index(tokenizer: PreTrainedTokenizerBase) -> PrefixIndex:
-    from distill.tokenizer_bridge.granularity import vocab_bytes
-
     data = vocab_bytes(tokenizer)
     size = max(data, default=-1) + 1
     items = sorted((b, i) for i, b in data.items() if isinstance(b, bytes) and b)

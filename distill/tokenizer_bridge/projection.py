@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from distill.tokenizer_bridge.granularity import vocab_bytes, vocab_map
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -57,8 +59,6 @@ def _projection_map(
     teacher_bytes: list[bytes],
     lookup: PrefixLookup,
 ) -> list[int]:
-    from distill.tokenizer_bridge.granularity import vocab_map
-
     out = vocab_map(student, teacher)
     for i, value in enumerate(teacher_bytes):
         if out[i] < 0 and value and value not in lookup.by_bytes:
@@ -68,8 +68,6 @@ def _projection_map(
 
 def byte_table(tokenizer: PreTrainedTokenizerBase) -> list[bytes]:
     """id -> its bytes; b"" for specials and unused ids (they never extend a byte prefix)."""
-    from distill.tokenizer_bridge.granularity import vocab_bytes
-
     data = vocab_bytes(tokenizer)
     out = [b""] * (max(data, default=-1) + 1)
     for i, value in data.items():

@@ -21,6 +21,7 @@ from distill.tokenizer_bridge.bridge import (
     clean_cut,
     flat,
     readable,
+    special_tokens,
     unicode_form,
 )
 
@@ -88,8 +89,6 @@ def hard_texts(student: PreTrainedTokenizerBase, teacher: PreTrainedTokenizerBas
     """HARD_TEXTS with the student's own think markup and end-of-turn token filled in. Markup the
     `teacher` has no token for (GPT-2 has no `<think>`) is left out of the texts: it cannot cross
     as markup nor as text, and the report lists it among the unmapped specials instead."""
-    from distill.tokenizer_bridge.bridge import special_tokens
-
     markup = {"think": "<think>", "close": "</think>"}
     if teacher is not None:
         theirs = set(special_tokens(teacher).values())
@@ -192,8 +191,6 @@ def _check_cut(
 def _leaks(source: Sequence[Piece], far: Sequence[Piece], far_tokenizer: PreTrainedTokenizerBase) -> bool:
     """A special token's content shows up as ordinary text on the far side more often than the
     near side's ordinary text spelled it."""
-    from distill.tokenizer_bridge.bridge import special_tokens
-
     names = set(special_tokens(far_tokenizer).values()) | {p.text for p in source if p.special}
     near_text = "".join(p.text for p in source if not p.special)
     far_text = "".join(p.text for p in far if not p.special)

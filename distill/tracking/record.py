@@ -25,6 +25,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from distill import __version__
+from distill.config import flatten
+from distill.tracking.lock import RunLock
+from distill.tracking.mlflow import MlflowTracker, git_tags, mlflow_metric_name, open_tracker, retire_runs
+from distill.tracking.rundir import RunDir, live_status
+
 if TYPE_CHECKING:
     from distill.config import RunConfig
     from distill.settings import Settings
@@ -69,8 +75,6 @@ def adopt_fresh_run(
 
     `replaced` stays in summary.json (`mlflow_superseded`) until they are deleted, so a resume
     that dies half-way deletes them next time."""
-    from distill.tracking.mlflow import retire_runs
-
     summary["mlflow_run_id"] = tracker.run_id
     if replaced:
         summary["mlflow_superseded"] = replaced
@@ -107,10 +111,6 @@ def open_run_tracker(
 ) -> MlflowTracker:
     """The run's MLflow run: a new one, also on resume (the fresh run that replaces the old,
     `adopt_fresh_run`); params, tags (and the replaced run's, its parent included) set."""
-    from distill import __version__
-    from distill.config import flatten
-    from distill.tracking.mlflow import git_tags, open_tracker
-
     tags = {
         "domain": config.domain.name,
         "method": config.method.name,
@@ -166,8 +166,6 @@ def repair_run(
     """Bring a run that is not running to a full record (the caller holds its lock): DIED if it
     was left RUNNING, its diagnosis, the MLflow run level with metrics.jsonl, ended with the
     run's status, and its files logged. Raises when the MLflow store refuses."""
-    from distill.tracking.mlflow import MlflowTracker, mlflow_metric_name
-
     summary = run.read_summary()
     if summary.get("status") == "RUNNING":
         mark_died(run, summary)
@@ -214,8 +212,6 @@ def repair_runs(
 ) -> int:
     """`distill runs --repair [RUN]`: every run whose process died while RUNNING (or RUN, whatever
     its status, once nothing writes it) gets its full record. 0, or 1 when a store refused."""
-    from distill.tracking.lock import RunLock
-    from distill.tracking.rundir import RunDir, live_status
 
     def died(run: RunDir) -> bool:  # left RUNNING by a process that is gone, not yet marked
         try:

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from distill.config import load_run_config
 from distill.config.models import run_name_problem
 from distill.tracking.lock import RunRefused, lock_held, pid_alive
 
@@ -223,8 +224,6 @@ class RunDir:
         return str(run_id) if run_id else None
 
     def read_config(self) -> RunConfig:
-        from distill.config import load_run_config
-
         return load_run_config(self.config)
 
     def read_manifest(self) -> dict[str, Any]:

@@ -28,6 +28,8 @@ def resolve_model(
     run (`zoo:teacher` -> its `teacher@<part>`, zoo/build.py)."""
     if not name.startswith(PREFIX):
         return name
+    # The builder trains models (torch): imported where a zoo name is resolved, so the package
+    # itself stays as light as the config checks that read PREFIX (`distill --help` included).
     from distill.zoo.build import PART, ensure_built, entry_dir
 
     entry = name[len(PREFIX) :]

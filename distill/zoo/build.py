@@ -13,8 +13,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distill.config import OPSD_TEMPLATE
-from distill.zoo.batches import Example
+from distill import registry
+from distill.config import OPSD_TEMPLATE, EvalConfig
+from distill.domains import build_domain
+from distill.engines.base import encode_text, render_chat
+from distill.engines.hf import HFEngine
+from distill.evals import evaluator_for
+from distill.progress import hf_bars_off, progress_bar
+from distill.zoo.batches import Example, step_loss
 from distill.zoo.notices import build_notice, built_notice, remove_stale_builds
 from distill.zoo.recipes import (
     BUILD_VERSION,
@@ -24,6 +30,7 @@ from distill.zoo.recipes import (
     ZooEntry,
     recipes_for,
 )
+from distill.zoo.tokenizers import train_tokenizer
 
 if TYPE_CHECKING:
     from distill.config import DomainBase
@@ -119,8 +126,6 @@ def read_entry(path: Path) -> ZooEntry | None:
 
 def save_model(model: Any, tokenizer: Any, out: Path) -> None:
     """Save a built model without transformers' "Writing model shards" bar in the build's output."""
-    from distill.progress import hf_bars_off
-
     with hf_bars_off():
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
@@ -180,8 +185,6 @@ def _build_into(
 ) -> ZooEntry:
     """Build one entry into `tmp` (its tokenizer first, for a model) and write its zoo.json.
     `configs`: the domain it trains on, and the zoo's (they differ for a part of a mixed zoo)."""
-    from distill.domains import build_domain
-
     data_config, domain_config = configs
     start = time.time()
     domain = build_domain(data_config)
@@ -207,7 +210,6 @@ def _build_tokenizer(recipe: TokenizerRecipe, domain: Domain, out: Path) -> dict
         from distill.zoo.qwen_vocab import build_qwen_tokenizer
 
         return {"params": 0, "vocab": len(build_qwen_tokenizer(out))}
-    from distill.zoo.tokenizers import train_tokenizer
 
     tok = train_tokenizer(recipe.family, domain.corpus(), recipe.vocab_size)
     tok.save_pretrained(out)
@@ -261,8 +263,6 @@ def supervised_examples(
     """
     import random
 
-    from distill.engines.base import encode_text, render_chat
-
     rng = random.Random(seed)
     examples = []
     # No draw at share 0: existing recipes' examples (and corruptions) stay exactly as they were.
@@ -295,11 +295,6 @@ def _build_model(
     episodes), evaluate it as a run would, save it; returns what zoo.json records of it."""
     import torch
     from transformers import AutoTokenizer
-
-    from distill import registry
-    from distill.config import EvalConfig
-    from distill.engines.hf import HFEngine
-    from distill.evals import evaluator_for
 
     torch.manual_seed(recipe.seed)
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)
@@ -369,9 +364,6 @@ def fit_examples(
     """The zoo's supervised loop: AdamW, warmup + cosine to 10%, CE on the labelled tokens.
     Returns the last loss; leaves the model in eval mode with its generation ids set."""
     import torch
-
-    from distill.progress import progress_bar
-    from distill.zoo.batches import step_loss
 
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
-from distill.episodes.play import ScriptedAgent
+from distill.episodes.data import SLIP
+from distill.episodes.episode import frame_for
+from distill.episodes.play import ScriptedAgent, play
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -61,10 +63,6 @@ def detour_episodes(
 ) -> list[Episode]:
     """That `share` of the items' gold plays, each with one detour, played through the domain's
     simulator as token episodes (gold turns by "gold", the detour's by `SLIP`)."""
-    from distill.episodes.data import SLIP
-    from distill.episodes.episode import frame_for
-    from distill.episodes.play import play
-
     rng = random.Random(f"detours:{seed}")
     chosen = [i for i in items if rng.random() < share and i.meta.get("steps")]
     plans: dict[int, list[str]] = {}

@@ -15,6 +15,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from distill.config import OPSD_TEMPLATE
+from distill.episodes.data import IGNORE, SLIP, episode_example, replay_gold
+from distill.episodes.episode import frame_for
+from distill.episodes.protocol import as_episodic
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -29,8 +32,6 @@ def agent_examples(
     domain: Domain, name: str, recipe: ModelRecipe, tokenizer: PreTrainedTokenizerBase
 ) -> tuple[list[tuple[list[int], list[int]]], int, dict[str, Any]]:
     """(training rows, batch size, figures for zoo.json) of an episodic domain's zoo agent."""
-    from distill.episodes.protocol import as_episodic
-
     episodic = as_episodic(domain)
     gold = [i for i in domain.train_items() if i.meta.get("steps")]
     items = gold
@@ -89,9 +90,6 @@ def training_examples(
     """
     import random
 
-    from distill.episodes.data import replay_gold
-    from distill.episodes.episode import frame_for
-
     if loss not in ("turns", "all"):
         raise ValueError(f"episode_loss={loss!r}: expected 'turns' or 'all'")
     frame = frame_for(tokenizer, None)
@@ -107,8 +105,6 @@ def training_examples(
 
 def _labelled(ep: Episode, loss: str) -> tuple[list[int], list[int]]:
     """A gold episode's (ids, labels): the gold turns ("turns"), or every token but a slip's."""
-    from distill.episodes.data import IGNORE, SLIP, episode_example
-
     if loss == "turns":
         return episode_example(ep, ["gold"])
     slipped = ep.mask({SLIP})
@@ -131,10 +127,6 @@ def privileged_examples(
     the context ends every user message instead (OPSD's `method.privileged_every_turn`), the
     inserted tokens never labelled."""
     import random
-
-    from distill.episodes.data import IGNORE, replay_gold
-    from distill.episodes.episode import frame_for
-    from distill.episodes.protocol import as_episodic
 
     frame = frame_for(tokenizer, None)
     rng = random.Random(f"privileged:{seed}")  # its own stream: the plain examples stay as they were

@@ -29,6 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from distill.zoo.build import make_model, save_model
 from distill.zoo.qwen_vocab import (
     QWEN3_ADDED_TOKENS,
     QWEN3_CHAT_TEMPLATE,
@@ -275,8 +276,6 @@ def build_model(tokenizer_dir: Path, out: Path, shape: Shape, chat_template: str
     tokenizer, as a user who gave a template-less tokenizer one would."""
     import torch
     from transformers import AutoTokenizer
-
-    from distill.zoo.build import make_model, save_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     if chat_template is not None:

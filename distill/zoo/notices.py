@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from distill.config import domain_config as default_config
 from distill.tracking.lock import pid_alive
 from distill.zoo.recipes import ZooEntry
 
@@ -85,8 +86,6 @@ def typical_seconds(root: Path, name: str, domain: str) -> float | None:
 def changed_data_fields(domain_config: DomainBase, keyed: Iterable[str]) -> list[str]:
     """`domain.<field>=<value>` for each field the zoo is keyed on (`keyed`) that differs from the
     domain's default: each such change builds a zoo of its own."""
-    from distill.config import domain_config as default_config
-
     fields = set(keyed)
     mine = domain_config.model_dump(mode="json", include=fields)
     default = default_config(domain_config.name).model_dump(mode="json", include=fields)

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from distill.config import DomainBase
+from distill.registry import BENCHMARKS
 
 
 class DapoDomainConfig(DomainBase):
@@ -32,8 +33,6 @@ class DapoDomainConfig(DomainBase):
 
     @model_validator(mode="after")
     def _consistent(self) -> DapoDomainConfig:
-        from distill.registry import BENCHMARKS
-
         if self.max_steps < self.min_steps:
             raise ValueError(f"max_steps ({self.max_steps}) must be >= min_steps ({self.min_steps})")
         known = [name for name, entry in BENCHMARKS.items() if entry.domain == "dapo"]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from distill.domains.base import Item
+from distill.registry import BENCHMARKS
 
 # Appended to a problem that does not already ask for a boxed answer (Qwen's math prompt).
 BOXED_INSTRUCTION = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -208,8 +209,6 @@ def load_problems(source: str | Path, prefix: str, split: str = "train") -> list
 
 def load_benchmark(name: str, data: str | Path | None = None) -> list[Item]:
     """A named benchmark (registry.py), from `data` (file or folder) when given, else its hub id."""
-    from distill.registry import BENCHMARKS
-
     bench = BENCHMARKS.get(name)
     if bench is None or bench.domain != "dapo" or bench.hub_id is None:
         known = [n for n, b in BENCHMARKS.items() if b.domain == "dapo"]

@@ -18,7 +18,15 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from distill.domains.base import Domain, Item, Score, cached_items
-from distill.domains.sciworld.index import IndexEntry, build_index, task_name
+from distill.domains.sciworld.index import (
+    IndexEntry,
+    build_index,
+    read_item_list,
+    stratified_sample,
+    task_name,
+    task_table,
+)
+from distill.domains.sciworld.pool import EnvPool
 from distill.domains.sciworld.prompt import (
     FIRST_REPLY,
     INSTRUCTION,
@@ -29,6 +37,7 @@ from distill.domains.sciworld.prompt import (
     format_response,
     parse_action,
 )
+from distill.episodes.play import ScriptedAgent, play, single
 from distill.episodes.protocol import EnvReply, Script
 
 if TYPE_CHECKING:
@@ -138,8 +147,6 @@ class SciWorldDomain(Domain):
     # -- simulators ----------------------------------------------------------------------
     def pool(self) -> EnvPool:
         """The domain's worker pool, started on first use and reused (close() stops it)."""
-        from distill.domains.sciworld.pool import EnvPool
-
         if self._pool is None:
             cfg = self.config
             self._pool = EnvPool(cfg.pool_size, cfg.java_heap, cfg.env_step_limit, cfg.step_timeout_s)
@@ -180,7 +187,6 @@ class SciWorldDomain(Domain):
     @cached_property
     def _simulator_facts(self) -> dict[str, Any]:
         """Variation counts of every task and the train/test splits of `domain.tasks`."""
-        from distill.domains.sciworld.index import task_table
 
         def make() -> list[Item]:
             pool = self.pool()
@@ -201,8 +207,6 @@ class SciWorldDomain(Domain):
         """AgentGym's items: those listed in `data` (a JSON file of `sciworld_<idx>` ids), else a
         seeded stratified sample of `count` over the task types of the AgentGym index."""
         from pathlib import Path
-
-        from distill.domains.sciworld.index import read_item_list, stratified_sample
 
         if name != "agentgym":
             raise ValueError(f"--benchmark {name}: the sciworld domain has one benchmark, agentgym")
@@ -269,8 +273,6 @@ class SciWorldDomain(Domain):
 
     def with_gold(self, items: list[Item]) -> list[Item]:
         """Items with their gold trajectory (played through the simulator) as `solution`."""
-        from distill.episodes.play import ScriptedAgent, play, single
-
         script = look_before_focus if self.config.gold_look else None
         # Text only (tokenizer None): no model reads these episodes.
         agent = ScriptedAgent(format_response, script=script)
