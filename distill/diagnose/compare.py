@@ -102,11 +102,48 @@ def row_for(rec: RunRecord) -> Row:
         domain=rec.domain,
         method=_method_label(rec),
         student=_short(rec.cfg("student.name") or rec.summary.get("student")),
-        teacher=_short(rec.cfg("teacher.name") or rec.summary.get("teacher")),
+        teacher=_teacher(rec),
         steps=int(rec.summary.get("steps") or rec.train_steps()),
         metrics=_final_metrics(rec),
         curves=curves,
     )
+
+
+def _teacher(rec: RunRecord) -> str:
+    """The run's teacher; a teacher per domain as `rlve=<name>, dapo=<name>`."""
+    teachers = rec.cfg("teachers") or {}
+    if isinstance(teachers, dict) and teachers:
+        return ", ".join(f"{d}={_short((t or {}).get('name'))}" for d, t in teachers.items())
+    return _short(rec.cfg("teacher.name") or rec.summary.get("teacher"))
+
+
+def part_rows(rec: RunRecord, whole: Row) -> list[Row]:
+    """A run over several domains also gives a row per domain (`<run>[rlve]`): its final eval on
+    that domain's items and that domain's teacher, to put beside one-domain runs."""
+    out = []
+    for part, scores in (rec.summary.get("parts") or {}).items():
+        after = scores.get("student_after") if isinstance(scores, dict) else None
+        curve = rec.get(f"eval/{part}/accuracy") or rec.get(f"eval/{part}/score")
+        metrics = (
+            {k: float(v) for k, v in after.items() if isinstance(v, int | float)}
+            if isinstance(after, dict)
+            else ({"accuracy": curve.last()} if curve is not None else {})
+        )
+        teacher = rec.cfg(f"teachers.{part}.name") or rec.cfg("teacher.name") or whole.teacher
+        curves = {f"eval/{part}/accuracy": curve} if curve is not None else {}
+        out.append(
+            Row(
+                f"{whole.run_id}[{part}]",
+                part,
+                whole.method,
+                whole.student,
+                _short(teacher),
+                whole.steps,
+                metrics,
+                curves,
+            )
+        )
+    return out
 
 
 def _method_label(rec: RunRecord) -> str:
@@ -134,7 +171,7 @@ def columns_for(rows: list[Row]) -> list[str]:
 
 
 def build_table(records: list[RunRecord], baseline: str | None = None) -> Table:
-    rows = [row_for(rec) for rec in records]
+    rows = [r for rec in records for whole in [row_for(rec)] for r in (whole, *part_rows(rec, whole))]
     base = baseline if baseline is not None else rows[0].run_id
     if base not in {r.run_id for r in rows}:
         raise ValueError(f"baseline {base!r} is not among the compared runs")
