@@ -269,7 +269,7 @@ def _train_and_evaluate(job: Job, domains: list[Domain]) -> None:
     if warnings:
         summary["warnings"] = warnings
     preflight(config, domain, student, teacher, say, run)
-    run.write_manifest(_manifest(job, student, teacher))
+    run.write_manifest(_manifest(job, student, teacher, prepared.teachers))
     for path in (run.config, run.manifest, run.preflight):
         if path.exists():
             tracker.log_artifact(path)
@@ -318,14 +318,14 @@ def _train_and_evaluate(job: Job, domains: list[Domain]) -> None:
     tracker.set_tags({"checkpoint.final": str(run.checkpoint(config.optim.max_steps))})
 
 
-def _manifest(job: Job, student: Engine, teacher: Engine) -> dict[str, Any]:
+def _manifest(job: Job, student: Engine, teacher: Engine, teachers: dict[str, Engine]) -> dict[str, Any]:
     """The manifest of what the run started from. A resume keeps the start (model pins, git state,
     packages, hardware) and refuses models that changed since: the rest of the run would train
     against another teacher; its own git state and packages go under `resumes`."""
     cfg = job.config
     worker = cfg.rollout.async_teacher and cfg.teacher.engine == "hf"
     worker_device = place(cfg.teacher.device, "teacher_worker", this_machine()) if worker else None
-    manifest = build_manifest(cfg, job.argv, job.tracker.run_id, student, teacher, worker_device)
+    manifest = build_manifest(cfg, job.argv, job.tracker.run_id, student, teacher, worker_device, teachers)
     previous = job.run.read_manifest() if job.resume_from is not None and job.run.manifest.exists() else None
     if previous is not None:
         check_same_start(previous, manifest)

@@ -112,10 +112,15 @@ def build_manifest(
     student: Engine,
     teacher: Engine,
     teacher_worker_device: str | None = None,
+    teachers: dict[str, Engine] | None = None,
 ) -> dict[str, Any]:
     """The manifest of a run about to train; `teacher_worker_device`: where the teacher's worker
-    process scores (rollout.async_teacher with the hf engine), None without one."""
+    process scores (rollout.async_teacher with the hf engine), None without one. `teachers`: each
+    domain's teacher of a run over several domains, each recorded and pinned as `teacher@<domain>`."""
     git = git_tags()
+    others = {f"teacher@{part}": engine for part, engine in (teachers or {}).items()}
+    models = {"student": model_record(student), "teacher": model_record(teacher, teacher_worker_device)}
+    models.update({role: model_record(engine, teacher_worker_device) for role, engine in others.items()})
     return {
         "distill_version": __version__,
         "argv": list(argv),
@@ -124,11 +129,11 @@ def build_manifest(
         "git": {"sha": git.get("git.sha"), "dirty": git.get("git.dirty"), **git_diff(git.get("git.dirty"))},
         "packages": package_versions(),
         "hardware": hardware(),
-        "models": {"student": model_record(student), "teacher": model_record(teacher, teacher_worker_device)},
+        "models": models,
         "start": start_pins(
             {
                 role: (str(engine.describe().get("path") or ""), engine.tokenizer.chat_template)
-                for role, engine in (("student", student), ("teacher", teacher))
+                for role, engine in (("student", student), ("teacher", teacher), *others.items())
             }
         ),
         "mlflow_run_id": mlflow_run_id,

@@ -167,8 +167,11 @@ def check_models(config: RunConfig) -> None:
     domain = config.domain.name
     check_model_name(config.student.name, domain, "student.name")
     check_template(config.student, "student")
-    if config.teacher.name != config.student.name:
-        # A served teacher's weights live on the server; only its tokenizer is loaded here.
-        served = config.teacher.engine == "server"
-        check_model_name(config.teacher.name, domain, "teacher.name", tokenizer_only=served)
-    check_template(config.teacher, "teacher")
+    # A teacher per domain replaces `teacher` (a run over several domains, config.teachers).
+    teachers = {f"teachers.{d}": t for d, t in config.teachers.items()} or {"teacher": config.teacher}
+    for field, spec in teachers.items():
+        if spec.name != config.student.name:
+            # A served teacher's weights live on the server; only its tokenizer is loaded here.
+            served = spec.engine == "server"
+            check_model_name(spec.name, domain, f"{field}.name", tokenizer_only=served)
+        check_template(spec, field)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -69,13 +70,22 @@ def test_teacher_flags_name_one_teacher_or_each_domains() -> None:
         model_overrides(None, ["a", "b"])
 
 
-def test_the_cli_refuses_two_teachers_for_one_domain_and_writes_nothing(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    ("teachers", "words"),
+    [
+        (["rlve=a", "rlve=b"], "two teachers for rlve"),
+        (["dapo=zoo:teacher"], "domain rlve has no teacher"),
+        (["rlve=zoo:teacher", "dapo=/nowhere/teacher"], "teachers.dapo.name: no such folder /nowhere/teacher"),
+    ],
+)
+def test_the_cli_refuses_a_teacher_it_cannot_use_and_writes_nothing(
+    teachers: list[str], words: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DISTILL_WORKSPACE", str(tmp_path))
-    result = CliRunner().invoke(
-        app, ["run", "--domain", "rlve,dapo", "--teacher", "rlve=a", "--teacher", "rlve=b"]
-    )
-    assert result.exit_code == 2
-    assert "two teachers for rlve" in result.output
+    args = ["run", "--domain", "rlve,dapo", *(x for t in teachers for x in ("--teacher", t))]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert words in result.output and len(result.output.strip().splitlines()) == 1, result.output
     assert not (tmp_path / "runs").exists()
 
 
