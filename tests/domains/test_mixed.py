@@ -93,12 +93,18 @@ def _item(i: int, part: str) -> Item:
     return Item(id=f"{part}-{i}", prompt=f"{part} {i}", answer="1", meta={"domain": part})
 
 
-def test_draw_takes_each_parts_share_without_repeats() -> None:
+def test_draw_keeps_the_weights_and_all_items_of_a_small_part() -> None:
     parts = {"a": [_item(i, "a") for i in range(100)], "b": [_item(i, "b") for i in range(10)]}
     items = draw(parts, {"a": 0.5, "b": 0.5}, 40)
-    assert Counter(part_of(i) for i in items) == {"a": 20, "b": 10}  # b has only 10
-    assert len({i.id for i in items}) == len(items)
+    assert Counter(part_of(i) for i in items) == {"a": 20, "b": 20}  # the weights hold
+    a = [i.id for i in items if part_of(i) == "a"]
+    assert sorted(a) == sorted(f"a-{i}" for i in range(20))  # a's first items, none twice
+    b = Counter(i.id for i in items if part_of(i) == "b")
+    assert b == {f"b-{i}": 2 for i in range(10)}  # b's 10, each twice
     assert draw(parts, {"a": 0.5, "b": 0.5}, 40) == items  # one fixed order
+    # A total that leaves every share within its part: each part's first items, none twice.
+    small = draw(parts, {"a": 0.5, "b": 0.5}, 16)
+    assert sorted(i.id for i in small) == sorted([f"a-{i}" for i in range(8)] + [f"b-{i}" for i in range(8)])
 
 
 @pytest.mark.integration

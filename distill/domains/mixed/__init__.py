@@ -2,9 +2,10 @@
 its weight, every item tagged with its part, so scoring, the teacher and the eval each go to the
 item's own domain.
 
-The training items are the parts' own (each cached as in a one-domain run), drawn without
-repetition in proportion to `domain.mix` and interleaved in a seeded order; `domain.train_size`
-is the total. The eval items are each part's, concatenated (the run evaluates each part on its
+The training items are the parts' own (each cached as in a one-domain run), each part's share of
+`domain.train_size` in proportion to `domain.mix`, interleaved in a seeded order. A share larger
+than the part's items takes them all and goes round again: the weights hold, and no part is cut to
+fewer distinct prompts than its own run trains on when the total leaves room for all of them. The eval items are each part's, concatenated (the run evaluates each part on its
 own, `parts()`).
 """
 
@@ -38,11 +39,12 @@ def tagged(items: list[Item], part: str) -> list[Item]:
 
 
 def draw(parts: dict[str, list[Item]], weights: dict[str, float], total: int) -> list[Item]:
-    """`total` items, each part's share by its weight (its first items, none twice, at most all it
-    has), in one fixed order (the trainer shuffles them again, by the run's seed)."""
+    """`total` items, each part's share by its weight (its first items; past its last, from its
+    first again), in one fixed order (the trainer shuffles them again, by the run's seed)."""
     out: list[Item] = []
     for name, items in parts.items():
-        out += items[: min(len(items), round(weights[name] * total))]
+        share = round(weights[name] * total) if items else 0
+        out += [items[i % len(items)] for i in range(share)]
     random.Random("+".join(parts)).shuffle(out)
     return out
 
