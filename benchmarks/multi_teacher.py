@@ -101,8 +101,8 @@ def table(results: dict[tuple[str, int], dict[str, Any]], seeds: list[int]) -> l
         ("rlve", "rlve", "mixed-llama", "same (beside a cross-family dapo teacher)"),
         ("dapo", "dapo-llama", "mixed-llama", "cross (llama)"),
     ):
-        a = [lift(results[(single, s)], domain) for s in seeds]
-        b = [lift(results[(mixed, s)], domain) for s in seeds]
+        a = [lift(results.get((single, s), {}), domain) for s in seeds]
+        b = [lift(results.get((mixed, s), {}), domain) for s in seeds]
         if any(x is None for x in a + b):
             rows.append(f"| {domain} | {family} | missing | missing | - |")
             continue
@@ -139,7 +139,7 @@ def plot(results: dict[tuple[str, int], dict[str, Any]], seeds: list[int], out: 
         strict=True,
     ):
         for i, (case, _label) in enumerate(pairs):
-            lifts = [x[2] * 100 for s in seeds if (x := lift(results[(case, s)], domain))]
+            lifts = [x[2] * 100 for s in seeds if (x := lift(results.get((case, s), {}), domain))]
             ax.bar(i, sum(lifts) / max(len(lifts), 1), color="C0" if "mixed" in case else "C7")
             ax.scatter([i] * len(lifts), lifts, color="k", s=10, zorder=3)
         ax.set_xticks(range(len(pairs)), [label for _, label in pairs], rotation=20, fontsize=8)

@@ -32,19 +32,13 @@ RUNS = [
             "kl/reverse_kl_mean",
             id=f"qwen3-opd-{loss}",
         )
-        for loss in ("token_reward_direct", "k1", "k3", "forward_kl_topk", "jsd")
+        # The three paths a loss takes: GRPO's policy gradient on advantages, a top-k divergence,
+        # the full vocabulary. k1 and k3 share the sampled-token path (k3 runs cross-family below;
+        # every loss on the tiny zoo: tests/e2e/test_on_policy.py).
+        for loss in ("token_reward_direct", "forward_kl_topk", "jsd")
     ),
     pytest.param("qwen3-sft", "s-qwen3", "t-qwen3", "sft", [], "train/ce_loss", id="qwen3-sft"),
     pytest.param("qwen3-opsd", "s-qwen3", "s-qwen3", "opsd", [], "kl/reverse_kl_mean", id="qwen3-opsd"),
-    pytest.param(
-        "qwen25-opd-direct",
-        "s-qwen25",
-        "t-qwen25",
-        "opd",
-        ["method.loss=token_reward_direct"],
-        "kl/reverse_kl_mean",
-        id="qwen25-rows-opd-token_reward_direct",
-    ),
     pytest.param(
         "qwen25-opd-topk",
         "s-qwen25",
@@ -71,15 +65,6 @@ RUNS = [
         ["method.loss=forward_kl_topk"],
         "kl/topk_overlap",
         id="qwen15-resized-opd-forward_kl_topk",
-    ),
-    pytest.param(
-        "gpt2-opd-k3",
-        "s-qwen3",
-        "t-gpt2-chat",
-        "opd",
-        ["method.loss=k3"],
-        "kl/aligned_share",
-        id="gpt2-opd-k3",
     ),
     pytest.param(
         "gpt2-rose", "s-qwen3", "t-gpt2-chat", "rose", [], "teacher/ce_target_share", id="gpt2-rose"
@@ -248,7 +233,6 @@ def test_cross_family_jsd_is_refused(families: Any, tmp_path: Path, monkeypatch:
 @pytest.mark.parametrize(
     ("teacher", "words"),
     [
-        pytest.param("t-qwen3", "preflight passed", id="qwen3"),
         pytest.param("t-gpt2-chat", "aligned groups", id="gpt2"),
         pytest.param("t-mistral", "aligned groups", id="mistral"),
     ],
