@@ -62,8 +62,9 @@ def make_checkpoints(folder: Path) -> None:
 def make_run(workspace: Path, checkpoints: Path, with_mlflow: bool = True) -> Path:
     """A finished run around `checkpoints` (moved in), with an MLflow run and materialised data."""
     os.environ["DISTILL_WORKSPACE"] = str(workspace)
-    from distill.config import RLVEDomainConfig, RunConfig, dump_config
+    from distill.config import RunConfig, dump_config
     from distill.domains import build_domain
+    from distill.domains.rlve.config import RLVEDomainConfig
     from distill.settings import get_settings
     from distill.tracking.mlflow import open_tracker
 

@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from distill import registry
+
 # Per case: the method and what makes it exercise its own state (RNG draws, EMA teacher, data).
 CASES: dict[str, list[str]] = {
     "opd": ["--method", "opd"],
@@ -50,8 +52,8 @@ CASES: dict[str, list[str]] = {
     ],
     "sft": ["--method", "sft", "method.keep_verified_only=false", "optim.batch_size=4"],
     "opsd-ema": ["--method", "opsd", "method.teacher_weights=ema", "method.ema_decay=0.5"],
-    # One student, a teacher per domain (each domain's zoo teacher of the mixed zoo): rows drawn
-    # from both domains, each scored by its own teacher.
+    # One student, a teacher per domain (`--multi-teachers`; by default each domain's zoo teacher
+    # of the mixed zoo): rows drawn from both domains, each scored by its own teacher.
     "opd-multi": ["--domain", "rlve,dapo", "--method", "opd"],
 }
 # What a complete checkpoint folder holds (any method; the EMA teacher only for opsd-ema).
@@ -73,16 +75,27 @@ class Setup:
     every: int = 1
     threads: int = 1
     extra: list[str] = field(default_factory=list)  # e.g. the tests' domain sizes
+    # The multi-domain case's student and each domain's teacher.
+    multi_student: str = "zoo:student"
+    multi_teachers: dict[str, str] = field(
+        default_factory=lambda: {"rlve": "zoo:teacher", "dapo": "zoo:teacher"}
+    )
 
     def args(self, case: str, name: str) -> list[str]:
-        teacher = [] if case.startswith("opsd") else [f"teacher.name={self.teacher}"]
-        domain = [] if "--domain" in CASES[case] else ["--domain", "rlve"]
+        method = CASES[case][CASES[case].index("--method") + 1]
+        multi = "--domain" in CASES[case]
+        if registry.method_entry(method).own_teacher:
+            models = [f"student.name={self.student}"]
+        elif multi:
+            models = [f"student.name={self.multi_student}"]
+            models += [f"teachers.{d}.name={m}" for d, m in self.multi_teachers.items()]
+        else:
+            models = [f"student.name={self.student}", f"teacher.name={self.teacher}"]
         return [
             "run",
-            *domain,
+            *([] if multi else ["--domain", "rlve"]),
             *CASES[case],
-            f"student.name={self.student}",
-            *teacher,
+            *models,
             f"optim.max_steps={self.steps}",
             f"checkpoint.every_steps={self.every}",
             "rollout.num_generations=2",
@@ -337,6 +350,12 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=1, help="checkpoint.every_steps")
     parser.add_argument("--student", default="zoo:student")
     parser.add_argument("--teacher", default="zoo:teacher")
+    parser.add_argument("--multi-student", default="zoo:student", help="opd-multi's student")
+    parser.add_argument(
+        "--multi-teachers",
+        default="rlve=zoo:teacher,dapo=zoo:teacher",
+        help="opd-multi's teachers, domain=model",
+    )
     parser.add_argument("--seed", type=int, default=0, help="draws the kill moments")
     parser.add_argument(
         "--dir", type=Path, default=None, help="where the workspaces go (default: a temp dir)"
@@ -347,7 +366,8 @@ def main() -> None:
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         parser.error(f"unknown case {unknown[0]!r}; choose from {', '.join(CASES)}")
-    setup = Setup(opts.student, opts.teacher, opts.steps, opts.every)
+    setup = Setup(opts.student, opts.teacher, opts.steps, opts.every, multi_student=opts.multi_student)
+    setup.multi_teachers = dict(pair.split("=", 1) for pair in opts.multi_teachers.split(","))
     root = opts.dir or Path(tempfile.mkdtemp(prefix="kill-resume-"))
     root.mkdir(parents=True, exist_ok=True)
     rng = random.Random(opts.seed)

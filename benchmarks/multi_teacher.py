@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-# (name, domain word, method args); the teachers are named per case below.
+# Case names: one domain alone (rlve, dapo), both in one run (mixed); -llama: dapo's teacher is the
+# cross-family one. `case_args` names each case's student and teachers.
 CASES = ("rlve", "dapo", "mixed", "dapo-llama", "mixed-llama")
 PRESET_STEPS = {"rlve": 200, "dapo": 400, "rlve+dapo": 600}
 

@@ -56,8 +56,9 @@ def main() -> None:
 
     import torch
 
-    from distill.config import RLVEDomainConfig, ServerClientConfig
+    from distill.config import ServerClientConfig
     from distill.domains import build_domain
+    from distill.domains.rlve.config import RLVEDomainConfig
     from distill.engines.hf import HFEngine
     from distill.engines.server import ServerEngine
     from distill.engines.vllm_server import ServeOptions, start_server, stop_server, wait_ready

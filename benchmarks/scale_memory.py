@@ -189,7 +189,7 @@ def _on_policy_loss(
     cross: Any = None,
 ) -> Any:
     from distill.config import OPDMethod
-    from distill.methods.scoring import opd_advantages
+    from distill.methods.scoring import token_advantages
 
     loss_name = kind.split(":")[1] if kind.startswith(("opd:", "opd-xf:")) else "token_reward_direct"
     if kind == "opsd":  # the frozen student under a privileged prompt ~3x as long
@@ -202,7 +202,7 @@ def _on_policy_loss(
     if cross is not None:  # the teacher scores each row's crossed ids; targets per byte group
         return _cross_loss(cross, loss_name, student, teacher, own, (prompts, completions), inputs)
     theirs = scorer.score(teacher_prompts, completions, top_k=top_k)
-    advantages, _ = opd_advantages(theirs, own, coef=1.0)
+    advantages, _ = token_advantages(OPDMethod(), theirs.logprobs_B_T, own.logprobs_B_T, own.mask_B_T)
     if loss_name == "token_reward_direct":
         return grpo_loss(student.model, inputs, advantages, fused=kind == "trl:grpo")
     inputs["teacher_logps"] = theirs.logprobs_B_T

@@ -223,7 +223,7 @@ def _resolve(domain: str, method: str, overrides: list[str]) -> RunConfig:
         hint = ""
         if "method." in str(exc) and "Extra inputs" in str(exc):
             hint = f" (a field of one method only: scope it, e.g. `{method}:method.<field>=...`)"
-        elif "trains on one domain per run" in str(exc):
+        elif registry.MIX in domain and not registry.method_entry(method).multi_domain:
             hint = f" (leave the cell out: --skip {domain}/{method})"
         raise ConfigError(f"{domain}/{method}: {exc}{hint}") from None
 

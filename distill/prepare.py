@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from distill import registry
 from distill.config import OPDMethod
 from distill.domains import build_domain
+from distill.domains.mixed import MixedDomain
 from distill.engines.hf import HFEngine
 from distill.engines.placement import Role, cpu_note, place, this_machine
 from distill.engines.server import ServerEngine
@@ -179,29 +180,71 @@ def prepare(config: RunConfig, settings: Settings) -> Prepared:
     return Prepared(train, domain, student, teacher, teachers)
 
 
-def budget_warnings(config: RunConfig, domain: Domain, student: Engine, teacher: Engine) -> list[str]:
+def each_teacher(
+    config: RunConfig, domain: Domain, teacher: Engine, teachers: dict[str, Engine] | None = None
+) -> list[tuple[str, RunConfig, Domain, Engine]]:
+    """(domain word, the config as that domain's own run with its teacher, the domain, its teacher
+    engine) for every domain of the run: the checks of one pair run once per domain's teacher."""
+    if not teachers or not isinstance(domain, MixedDomain):
+        return [(config.domain.name, config, domain, teacher)]
+    sections: dict[str, Any] = getattr(config.domain, "parts", {})
+    return [
+        (
+            part,
+            config.model_copy(
+                update={"domain": sections[part], "teacher": config.teacher_of(part), "teachers": {}}
+            ),
+            sub,
+            teachers[part],
+        )
+        for part, sub in domain.parts().items()
+    ]
+
+
+def budget_warnings(
+    config: RunConfig,
+    domain: Domain,
+    student: Engine,
+    teacher: Engine,
+    teachers: dict[str, Engine] | None = None,
+) -> list[str]:
     """Token budgets against the models' contexts (engines/context.py): capped with a warning, or
     a one-line error before anything is generated. Also the warning of cross-family OPD on a
-    sampled-token loss (docs/cross_family.md)."""
-    found = [w for check in context_checks(config, domain, student, teacher) if (w := check.warning())]
-    if isinstance(config.method, OPDMethod) and crosses(config, student, teacher):
-        if note := cross_warning(config.method, config.student.name, config.teacher.name):
-            found.append(note)
-    return found
+    sampled-token loss (docs/cross_family.md). Each domain's prompts against its own teacher."""
+    found: list[str] = []
+    pairs = each_teacher(config, domain, teacher, teachers)
+    for part, cfg, sub, engine in pairs:
+        where = f"{part}: " if len(pairs) > 1 else ""
+        found += [where + w for check in context_checks(cfg, sub, student, engine) if (w := check.warning())]
+        if isinstance(cfg.method, OPDMethod) and crosses(cfg, student, engine):
+            if note := cross_warning(cfg.method, cfg.student.name, cfg.teacher.name):
+                found.append(where + note)
+    return list(dict.fromkeys(found))
 
 
 def preflight(
-    config: RunConfig, domain: Domain, student: HFEngine, teacher: Engine, say: Say, run: RunDir | None = None
+    config: RunConfig,
+    domain: Domain,
+    student: HFEngine,
+    teacher: Engine,
+    say: Say,
+    run: RunDir | None = None,
+    teachers: dict[str, Engine] | None = None,
 ) -> str | None:
-    """Template / thinking / self-score checks for on-policy methods; raises PreflightError. A
-    run keeps the report, passed or failed, in `preflight.json` (what diagnose reads)."""
-    reference = (lambda: local_reference(config, teacher)) if config.teacher.engine == "server" else None
-    report = preflight_report(config, domain, student, teacher, run, reference)
-    if report is None:
-        return None
-    text = report.render()
-    say("preflight:\n" + text)
-    return text
+    """Template / thinking / self-score checks for on-policy methods, each domain's teacher on its
+    own domain's prompts; raises PreflightError. A run keeps the report, passed or failed, in
+    `preflight.json` (what diagnose reads; the last domain's when all pass)."""
+    texts: list[str] = []
+    pairs = each_teacher(config, domain, teacher, teachers)
+    for part, cfg, sub, engine in pairs:
+        served = cfg.teacher.engine == "server"
+        reference = (lambda c=cfg, e=engine: local_reference(c, e)) if served else None
+        report = preflight_report(cfg, sub, student, engine, run, reference)
+        if report is None:
+            continue
+        texts.append(report.render())
+        say(f"preflight{f' ({part})' if len(pairs) > 1 else ''}:\n" + texts[-1])
+    return "\n".join(texts) if texts else None
 
 
 def local_reference(config: RunConfig, teacher: Engine) -> Engine | None:
@@ -226,8 +269,10 @@ def preflight_only(config: RunConfig, settings: Settings, say: Say) -> str:
     domain = build_domain(config.domain)
     try:
         student = load_student(config, settings)
-        teacher = load_engine(config.teacher, config, settings)
-        text = preflight(config.model_copy(update={"preflight": True}), domain, student, teacher, say)
+        teachers = load_teachers(config, settings)
+        teacher = next(iter(teachers.values())) if teachers else load_engine(config.teacher, config, settings)
+        checked = config.model_copy(update={"preflight": True})
+        text = preflight(checked, domain, student, teacher, say, teachers=teachers)
     finally:
         domain.close()
     if text is None:

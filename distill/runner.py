@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distill import __version__, launch
+from distill import __version__, launch, registry
 from distill.archive.manifest import build_manifest, check_same_start
 from distill.config import RunConfig, dump_config
 from distill.diagnose.findings import Severity
@@ -263,12 +263,12 @@ def _train_and_evaluate(job: Job, domains: list[Domain]) -> None:
     prepared = prepare(config, job.settings)
     train, domain, student, teacher = prepared.train, prepared.domain, prepared.student, prepared.teacher
     domains.append(domain)
-    warnings = budget_warnings(config, domain, student, teacher)
+    warnings = budget_warnings(config, domain, student, teacher, prepared.teachers)
     for warning in warnings:
         say(f"warning: {warning}")
     if warnings:
         summary["warnings"] = warnings
-    preflight(config, domain, student, teacher, say, run)
+    preflight(config, domain, student, teacher, say, run, prepared.teachers)
     run.write_manifest(_manifest(job, student, teacher, prepared.teachers))
     for path in (run.config, run.manifest, run.preflight):
         if path.exists():
@@ -323,8 +323,9 @@ def _manifest(job: Job, student: Engine, teacher: Engine, teachers: dict[str, En
     packages, hardware) and refuses models that changed since: the rest of the run would train
     against another teacher; its own git state and packages go under `resumes`."""
     cfg = job.config
-    worker = cfg.rollout.async_teacher and cfg.teacher.engine == "hf"
-    worker_device = place(cfg.teacher.device, "teacher_worker", this_machine()) if worker else None
+    spec = cfg.teacher_of(registry.domain_parts(cfg.domain.name)[0])  # `teacher`: the first domain's
+    worker = cfg.rollout.async_teacher and spec.engine == "hf"
+    worker_device = place(spec.device, "teacher_worker", this_machine()) if worker else None
     manifest = build_manifest(cfg, job.argv, job.tracker.run_id, student, teacher, worker_device, teachers)
     previous = job.run.read_manifest() if job.resume_from is not None and job.run.manifest.exists() else None
     if previous is not None:
@@ -361,6 +362,7 @@ def train_worker(settings: Settings) -> dict[str, Any]:
             SilentLog(NullTracker()),
             resume_from,
             say=lambda _: None,
+            teachers=prepared.teachers,
         )
         train_or_take_final(ctx, prepared.train)
     except BaseException:

@@ -89,3 +89,18 @@ def test_cli_refuses_bad_input_with_one_line_and_writes_nothing(tmp_path: Path) 
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "optim.max_steps" in proc.stderr
     assert not (tmp_path / "ws").exists()
+
+
+def test_a_mixed_domain_is_a_row_of_its_own() -> None:
+    spec = _plan("rlve,dapo,rlve+dapo", "opd", seeds=1)
+    assert [c.label for c in spec.cells()] == ["rlve/opd/s0", "dapo/opd/s0", "rlve+dapo/opd/s0"]
+    # The mix's budget is its own preset's: the two domains' steps together.
+    assert spec.budgets["rlve+dapo"].steps == spec.budgets["rlve"].steps + spec.budgets["dapo"].steps
+    cfg = _cell_config(spec, Cell("rlve+dapo", "opd", 0))
+    assert cfg.domain.name == "rlve+dapo" and cfg.domain.weights()["dapo"] == pytest.approx(2 / 3)
+    # A method that trains one domain per run is refused with the cell to leave out.
+    with pytest.raises(GridRefused, match=r"--skip rlve\+dapo/sft"):
+        _plan("rlve+dapo", "sft,opd", seeds=1)
+    assert [c.label for c in _plan("rlve+dapo", "sft,opd", seeds=1, skip=["rlve+dapo/sft"]).cells()] == [
+        "rlve+dapo/opd/s0"
+    ]

@@ -23,6 +23,7 @@ from distill.archive.manifest import git_diff, package_versions, read_manifest, 
 from distill.config import ConfigError, RunConfig
 from distill.domains import build_domain
 from distill.engines.hf import HFEngine
+from distill.engines.placement import place, this_machine
 from distill.evals import evaluator_for
 from distill.settings import get_settings
 from distill.tracking.mlflow import git_tags
@@ -213,7 +214,8 @@ def reproduce_eval(run_dir: Path, say: Say = print, show_progress: bool = True) 
         torch.set_num_threads(config.threads)
     checkpoint = final_checkpoint(run_dir, config)
     say(f"evaluating {checkpoint}")
-    engine = HFEngine.load(str(checkpoint), config.student.precision, config.student.enable_thinking)
+    device = place("auto", "student", this_machine())  # the GPU where there is one (notes say if it differs)
+    engine = HFEngine.load(str(checkpoint), config.student.precision, config.student.enable_thinking, device)
     domain = build_domain(config.domain)
     try:
         items = domain.eval_items()[: config.eval.items]

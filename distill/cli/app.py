@@ -57,7 +57,7 @@ def run(
     overrides: Annotated[
         list[str] | None, typer.Argument(help="dotted overrides, e.g. optim.lr=1e-5")
     ] = None,
-    domain: Annotated[str | None, typer.Option(help="rlve")] = None,
+    domain: Annotated[str | None, typer.Option(help="rlve | dapo | sciworld; rlve,dapo: both")] = None,
     method: Annotated[str | None, typer.Option(help="sft | opd | opsd | rose")] = None,
     config: Annotated[Path | None, typer.Option("--config", help="a YAML config file")] = None,
     resume: Annotated[
@@ -151,7 +151,9 @@ def model_overrides(student: str | None, teachers: list[str]) -> list[str]:
         else:
             out.append(f"teacher.name={value}")
     if len(teachers) - len(seen) > 1:
-        raise ValueError("--teacher: two teachers without a domain; name one, or DOMAIN=MODEL for each domain")
+        raise ValueError(
+            "--teacher: two teachers without a domain; name one, or DOMAIN=MODEL for each domain"
+        )
     return out
 
 

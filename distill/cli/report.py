@@ -49,7 +49,9 @@ def print_run_summary(summary: dict[str, Any], settings: Settings) -> None:
     for part, scores in (summary.get("parts") or {}).items():  # a run over several domains
         b, a, t = (scores.get(k, {}) for k in ("student_before", "student_after", "teacher_score"))
         gain = (a.get("accuracy", 0.0) - b.get("accuracy", 0.0)) * 100
-        console.print(f"    {part:<8} student {_pct(b)} -> {_pct(a)}  ({gain:+.1f} points), teacher {_pct(t)}")
+        console.print(
+            f"    {part:<8} student {_pct(b)} -> {_pct(a)}  ({gain:+.1f} points), teacher {_pct(t)}"
+        )
     diag = summary.get("diagnose")
     if diag:
         counts = ", ".join(f"{n} {label}" for label, n in diag["counts"].items() if n and label != "info")

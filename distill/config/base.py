@@ -22,14 +22,13 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class Sampling:
     """How a sampler draws one response: at most `max_new_tokens` new tokens, at `temperature`
-    (0: greedy) after nucleus `top_p`, ending at the model's EOS ids and any of `stop`. Built once
+    (0: greedy) after nucleus `top_p`, ending at the model's EOS ids. Built once
     from the config (`RolloutConfig.sampling()`, `EvalConfig.sampling()`, a method's teacher's)
     and handed to every sampler (engines, TRL's rollouts, episode agents): a knob has one route."""
 
     max_new_tokens: int
     temperature: float = 0.0
     top_p: float = 1.0
-    stop: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1 or self.temperature < 0 or not 0 < self.top_p <= 1:

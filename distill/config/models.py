@@ -346,7 +346,27 @@ class RunConfig(Strict):
                 f"method {self.method.name} trains on one domain per run (its rows would need their own "
                 f"domain's teacher, not built yet); methods for {self.domain.name}: {able}"
             )
+        several = len(registry.domain_parts(self.domain.name)) > 1 and not entry.own_teacher
+        if several and getattr(self.method, "loss", None) == "jsd":
+            # jsd applies one teacher's output head to the hidden states its rows were scored with.
+            raise ValueError(
+                f"method.loss=jsd: a run over {self.domain.name} has a teacher per domain, and jsd "
+                "takes one teacher's head; use forward_kl_topk"
+            )
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_domains_teacher(cls, data: Any) -> Any:
+        """`--domain rlve --teacher rlve=M` names a one-domain run's only teacher: it is `teacher`
+        (every part of the run reads `teacher` where there is one domain)."""
+        if not isinstance(data, dict) or data.get("teacher"):
+            return data
+        teachers, domain = data.get("teachers"), data.get("domain")
+        name = domain.get("name") if isinstance(domain, dict) else getattr(domain, "name", None)
+        if isinstance(teachers, dict) and isinstance(name, str) and list(teachers) == [name]:
+            return {**data, "teacher": teachers[name], "teachers": {}}
+        return data
 
     @model_validator(mode="after")
     def _a_teacher_per_domain(self) -> RunConfig:

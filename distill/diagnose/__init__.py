@@ -20,7 +20,7 @@ Rule = Callable[[RunRecord], list[Finding]]
 
 
 def all_rules() -> list[Rule]:
-    from distill.diagnose import alignment, dynamics, outcomes, precision, signals, speed
+    from distill.diagnose import alignment, domains, dynamics, outcomes, precision, signals, speed
     from distill.diagnose import rules as budget
 
     return [
@@ -39,10 +39,12 @@ def all_rules() -> list[Rule]:
         signals.topk_mass,
         signals.clamp_share,
         outcomes.teacher_gap,
+        domains.domain_flat,
         dynamics.plateau,
         outcomes.early_reward,
         speed.teacher_time,
         speed.tracking_time,
+        domains.teacher_bottleneck,
     ]
 
 

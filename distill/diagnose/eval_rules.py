@@ -192,7 +192,7 @@ def lower_lr(rec: RunRecord) -> list[Fix]:
 def _advantage_clip(rec: RunRecord) -> list[Fix]:
     """`method.advantage_clip` bounds token_reward_direct's advantages; no other loss reads it
     (the sciworld OPD preset trains forward_kl_topk)."""
-    if rec.method not in ("opd", "opsd") or rec.cfg("method.advantage_clip") is not None:
+    if rec.teacher_role != "scores" or rec.cfg("method.advantage_clip") is not None:
         return []
     if rec.cfg("method.loss", "token_reward_direct") != "token_reward_direct":
         return []
@@ -294,7 +294,7 @@ def teacher_gap(rec: RunRecord) -> list[Finding]:
         return []  # nothing to close, enough closed, or already reported as a regression
     closed = (a - b) / gap
     fixes: list[Fix] = []
-    if rec.method in ("opd", "opsd"):
+    if rec.teacher_role == "scores":
         fixes.append(Fix("method.name", "sft", "control: teacher-SFT on the same prompts and budget"))
     steps = rec.cfg("optim.max_steps")
     if isinstance(steps, int):

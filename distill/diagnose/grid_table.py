@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from distill import registry
 from distill.diagnose.compare import NAMED
 
 # Row labels of the two reference rows (not methods).
@@ -168,7 +169,8 @@ def build(domains: list[str], methods: list[str], cells: list[tuple[Any, dict[st
         if isinstance(before, int | float):
             table.befores.setdefault((cell.method, cell.domain), []).append(float(before))
         for row, part in ((BEFORE, "student_before"), (TEACHER, "teacher_score")):
-            if summary.get(part) and not (row == TEACHER and cell.method == "opsd"):  # its teacher is itself
+            own = (entry := registry.METHODS.get(cell.method)) is not None and entry.own_teacher
+            if summary.get(part) and not (row == TEACHER and own):  # its teacher is itself
                 refs.setdefault((row, cell.domain, cell.seed), []).append(summary[part])
     for (row, domain, _), candidates in refs.items():
         # The student most cells of this seed started from (a method may have had its own).

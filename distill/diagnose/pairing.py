@@ -15,9 +15,6 @@ from typing import Any
 from distill.diagnose.findings import Evidence, Finding, Fix, Severity, fmt
 from distill.diagnose.records import RunRecord
 
-# Methods whose teacher scores the student's own token ids after the student's prompt: a teacher
-# template that renders the prompt differently scores the tokens in a context it never saw.
-SCORING_METHODS = ("opd", "opsd")
 # Preflight checks a dedicated rule reports with its numbers (not again as `preflight_failed`).
 OWN_RULE_CHECKS = ("thinking_mode", "chat_template", "teacher_reference")
 # The first steps' reverse KL below this: the teacher agrees with the student on every token.
@@ -104,7 +101,9 @@ def _jinja_file(rec: RunRecord, side: str) -> str | None:
 def template(rec: RunRecord) -> list[Finding]:
     """Same-family scoring with two different chat templates (the preflight's `chat_template`
     check failed, or was not run and the template texts differ)."""
-    if rec.method not in SCORING_METHODS:
+    # A teacher that scores the student's own ids after the student's prompt: a template that
+    # renders the prompt differently scores the tokens in a context it never saw.
+    if rec.teacher_role != "scores":
         return []
     check = _check(rec, "chat_template")
     if check is not None and check.get("ok") is not False:
@@ -155,7 +154,7 @@ def template(rec: RunRecord) -> list[Finding]:
 def same_model(rec: RunRecord) -> list[Finding]:
     """A teacher that is the student (same weights): the signal is zero by construction. OPSD
     shares the weights by design (its teacher differs by the privileged prompt)."""
-    if rec.method == "opsd":
+    if rec.own_teacher:
         return []
     models = rec.manifest.get("models", {})
     s_path, t_path = models.get("student", {}).get("path"), models.get("teacher", {}).get("path")
@@ -201,7 +200,7 @@ def families(rec: RunRecord) -> list[Finding]:
     if st.get("vocab") and te.get("vocab") and st["vocab"] != te["vocab"]:
         # OPD crosses by byte groups (alignment.py judges how fine); OPSD has one model, so a
         # second vocabulary there means the run is not what it claims.
-        same_ids = rec.method == "opsd"
+        same_ids = rec.own_teacher
         return [
             Finding(
                 name="cross_family",

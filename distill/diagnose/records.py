@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from distill import registry
+
 
 def _json_loader() -> Callable[[bytes], Any]:
     # orjson (a dependency) parses long metrics files 4x faster; fall back to json if it is missing.
@@ -121,6 +123,24 @@ class RunRecord:
     @property
     def method(self) -> str:
         return str(self.cfg("method.name") or self.summary.get("method") or "?")
+
+    @property
+    def teacher_role(self) -> str | None:
+        """How the method's teacher takes part (the registry's writes / continues / scores);
+        None for a method this version does not know."""
+        entry = registry.METHODS.get(self.method)
+        return entry.teacher if entry else None
+
+    @property
+    def own_teacher(self) -> bool:
+        """The teacher is the student's own weights (opsd): no model, vocabulary or server of its own."""
+        entry = registry.METHODS.get(self.method)
+        return bool(entry and entry.own_teacher)
+
+    @property
+    def async_teacher_capable(self) -> bool:
+        entry = registry.METHODS.get(self.method)
+        return bool(entry and entry.async_teacher)
 
     @property
     def domain(self) -> str:

@@ -53,7 +53,8 @@ def unit(rec: RunRecord, single: str = "target") -> str:
 
 def teacher_budget(rec: RunRecord) -> TeacherBudget:
     # ROSE: the teacher's continuation budget is t; teacher-SFT trajectories use the rollout budget.
-    if rec.method == "sft" or (rec.cfg("method.teacher_max_tokens") is None and rec.method != "rose"):
+    writes, continues = rec.teacher_role == "writes", rec.teacher_role == "continues"
+    if writes or (rec.cfg("method.teacher_max_tokens") is None and not continues):
         key = "rollout.max_new_tokens"
     else:
         key = "method.teacher_max_tokens"

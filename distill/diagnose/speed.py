@@ -42,7 +42,7 @@ def teacher_time(rec: RunRecord) -> list[Finding]:
     if overlap is not None and len(overlap):
         return _async_teacher(rec, teacher, step)
     share = teacher.median() / max(step.median(), 1e-12)
-    if rec.method != "opd" or share < TEACHER_SHARE_INFO or rec.cfg("rollout.async_teacher"):
+    if not rec.async_teacher_capable or share < TEACHER_SHARE_INFO or rec.cfg("rollout.async_teacher"):
         return []
     return [
         Finding(

@@ -172,7 +172,7 @@ def continue_many(
         return None
     reused, kept = found
     model, device = engine.model, engine.model.device
-    pad, eos = int(engine.tokenizer.pad_token_id), engine.eos_ids | set(sampling.stop)
+    pad, eos = int(engine.tokenizer.pad_token_id), engine.eos_ids
     turn = _Turn(rows, kept, pad)
     past, mask_B_L = _stack(reused, kept), turn.mask_B_L
     generated: list[list[int]] = [[] for _ in rows]

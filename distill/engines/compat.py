@@ -37,9 +37,7 @@ def served_teacher_reason(config: RunConfig) -> str | None:
             "weights in-process (use teacher.engine=hf)"
         )
     if registry.method_entry(method.name).own_teacher:
-        return (
-            f"{method.name}'s teacher is the student's own weights; it cannot be served (use teacher.engine=hf)"
-        )
+        return f"{method.name}'s teacher is the student's own weights; it cannot be served (use teacher.engine=hf)"
     if getattr(method, "loss", None) == "jsd":
         return (
             "method.loss=jsd needs the teacher's hidden states and full vocabulary head in-process; "
@@ -70,9 +68,10 @@ def async_teacher_reason(config: RunConfig) -> str | None:
     """Why `rollout.async_teacher=true` cannot run this config (None: it can)."""
     if not config.rollout.async_teacher:
         return None
-    if not registry.method_entry(config.method.name).async_teacher or registry.domain_entry(
-        config.domain.name
-    ).episodic:
+    if (
+        not registry.method_entry(config.method.name).async_teacher
+        or registry.domain_entry(config.domain.name).episodic
+    ):
         able = ", ".join(name for name, entry in registry.METHODS.items() if entry.async_teacher)
         return (
             f"rollout.async_teacher: only {able} on single-turn domains scores a separate teacher per step "
@@ -99,10 +98,10 @@ def grpo_group_reason(config: RunConfig) -> str | None:
 
 def check_config(config: RunConfig, check_install: bool = False) -> None:
     """Raise ConfigError (one line) when the config's engines cannot run it."""
-    if config.teacher.engine == "server":
-        reason = served_teacher_reason(config)
-        if reason:
-            raise ConfigError(f"teacher.engine=server: {reason}")
+    for part in registry.domain_parts(config.domain.name):
+        if config.teacher_of(part).engine == "server" and (reason := served_teacher_reason(config)):
+            field = f"teachers.{part}" if config.teachers else "teacher"
+            raise ConfigError(f"{field}.engine=server: {reason}")
     reason = (
         vllm_rollout_reason(config, check_install)
         or async_teacher_reason(config)

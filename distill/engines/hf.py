@@ -144,7 +144,7 @@ class HFEngine(ChatPrompts):
         """
         import torch
 
-        eos = self.eos_ids | set(sampling.stop)
+        eos = self.eos_ids
         suppress: dict[str, Any] = {}
         if suppress_tokens:
             before = self.model.generation_config.suppress_tokens or []
@@ -193,7 +193,7 @@ class HFEngine(ChatPrompts):
         past = None
         if cache is not None and len(cache.ids) < len(ids) and ids[: len(cache.ids)] == cache.ids:
             past = cache.past
-        eos = self.eos_ids | set(sampling.stop)
+        eos = self.eos_ids
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.model.device)
         with torch.inference_mode():
             out = self.model.generate(  # type: ignore[operator]  # transformers types generate() as a Tensor | Module attribute

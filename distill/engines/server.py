@@ -243,7 +243,7 @@ class ServerEngine(ChatPrompts):
     ) -> list[Completion]:
         """One completion per prompt row, from token ids, drawn as `sampling` says (greedy at
         temperature 0)."""
-        eos = self.eos_ids | set(sampling.stop)
+        eos = self.eos_ids
 
         # The context policy (engines/context.py): capped at the room the longest prompt leaves.
         longest = max((len(p) for p in prompt_ids), default=0)

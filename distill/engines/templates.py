@@ -4,8 +4,8 @@ A tokenizer without a chat template (GPT-2 and many base models) used to fail de
 first render, or worse, could be given some library default that the model never saw. Here it is
 refused in one line naming the model and the fix, unless the user names a Jinja file
 (`student.chat_template=<file>` / `teacher.chat_template=<file>`), which then replaces the
-tokenizer's own. The file is read and parsed once, where the config is checked (zoo/check.py,
-before a run directory exists), and applied where the engine's tokenizer is loaded.
+tokenizer's own. The file is checked where the config is (zoo/check.py, before a run directory exists: it
+must exist and parse) and read again where the engine's tokenizer is loaded, which applies it.
 """
 
 from __future__ import annotations

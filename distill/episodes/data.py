@@ -15,7 +15,7 @@ observation; `meta["steps"]`, a list of {action, observation}; `meta["gold_score
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from distill.engines.base import Completion
 from distill.episodes.episode import BridgedCompletion, Episode, frame_for
@@ -214,10 +214,3 @@ def writer_turns(episodes: Sequence[Episode], writer: str) -> tuple[list[int], l
     """Token counts and truncation flags of every turn `writer` wrote."""
     turns = [t for ep in episodes for t in ep.turns if t.writer == writer]
     return [t.tokens for t in turns], [t.truncated for t in turns]
-
-
-def record_rows(
-    episodes: Sequence[Episode], domain: EpisodicDomain, extra: dict[str, Any] | None = None
-) -> list[dict[str, Any]]:
-    """Episodes as JSON rows (samples, data files)."""
-    return [{**ep.record(domain), **(extra or {})} for ep in episodes]

@@ -22,6 +22,7 @@ from distill.config import EvalConfig, domain_config
 from distill.domains import build_domain
 from distill.engines.context import check_budget
 from distill.engines.hf import HFEngine
+from distill.engines.placement import place, this_machine
 from distill.engines.templates import apply_chat_template
 from distill.evals import evaluator_for
 from distill.evals.overlong import fit_context, named
@@ -58,7 +59,7 @@ AGENTGYM_MAX_TURNS = 20
 
 
 @dataclass(frozen=True)
-class Sampling:
+class EvalSampling:
     k: int
     temperature: float
     top_p: float
@@ -99,7 +100,7 @@ class PreparedEval:
 
     req: EvalRequest
     episodic: bool
-    sampling: Sampling
+    sampling: EvalSampling
     domain_config: DomainBase
     domain: Domain
     items: list[Item]
@@ -114,7 +115,7 @@ class PreparedEval:
 class EvalOutcome:
     result: EvalResult
     benchmark: str  # the name the metrics are logged under
-    sampling: Sampling
+    sampling: EvalSampling
     source: str  # where the items came from
     items: int
     out: Path  # the per-item results file
@@ -132,7 +133,7 @@ def resolve_sampling(
     top_p: float | None,
     max_new_tokens: int | None,
     thinking: bool | None,
-) -> Sampling:
+) -> EvalSampling:
     """Explicit settings, else the protocol's (`reference` by default with a benchmark), else the
     embedded-default settings (greedy for n=1, 64 new tokens)."""
     if protocol is not None and protocol not in PROTOCOLS:
@@ -143,7 +144,7 @@ def resolve_sampling(
         raise ValueError(f"-n must be >= 1, got {k}")
     if temperature is None:
         temperature = proto.temperature if proto else (0.0 if k == 1 else 0.7)
-    return Sampling(
+    return EvalSampling(
         k=k,
         temperature=temperature,
         top_p=top_p if top_p is not None else (proto.top_p if proto else 1.0),
@@ -154,7 +155,7 @@ def resolve_sampling(
     )
 
 
-def episodic_sampling(req: EvalRequest) -> Sampling:
+def episodic_sampling(req: EvalRequest) -> EvalSampling:
     """An episodic domain's eval: one greedy episode per item, thinking off; checked options."""
     if req.n not in (None, 1):
         raise ValueError(f"-n: the {req.domain} eval plays one greedy episode per item (-n 1)")
@@ -164,7 +165,7 @@ def episodic_sampling(req: EvalRequest) -> Sampling:
         raise ValueError(f"--thinking: the {req.domain} eval runs with thinking off")
     if req.protocol is not None:
         raise ValueError(f"--protocol sets math sampling; the {req.domain} eval has its own")
-    return Sampling(1, 0.0, 1.0, req.max_new_tokens or 64, None)
+    return EvalSampling(1, 0.0, 1.0, req.max_new_tokens or 64, None)
 
 
 def check_request(req: EvalRequest, episodic: bool) -> None:
@@ -262,7 +263,8 @@ def evaluate_model(
     prep = req if isinstance(req, PreparedEval) else prepare_eval(req)
     req, sampling, items, bench = prep.req, prep.sampling, prep.items, prep.bench
     try:
-        engine = HFEngine.load(path, enable_thinking=sampling.enable_thinking)
+        device = place("auto", "student", this_machine())  # the GPU where there is one
+        engine = HFEngine.load(path, enable_thinking=sampling.enable_thinking, device=device)
         # A tokenizer without a chat template is refused here, never given a default one.
         apply_chat_template(engine.tokenizer, None, req.model, "--model")
         if not prep.episodic:
@@ -310,7 +312,7 @@ def evaluate_model(
 def _log(
     req: EvalRequest,
     bench: str,
-    sampling: Sampling,
+    sampling: EvalSampling,
     n_items: int,
     source: str,
     result: EvalResult,

@@ -39,11 +39,6 @@ K3_LOG_RATIO_CLAMP = 20.0
 K3_VALUE_CLAMP = 10.0
 
 
-def masked_mean(values_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
-    mask = mask_B_T.to(values_B_T.dtype)
-    return (values_B_T * mask).sum() / mask.sum().clamp_min(1.0)
-
-
 def direct_kl_per_token(kind: str, logp_S_B_T: torch.Tensor, logp_T_B_T: torch.Tensor) -> torch.Tensor:
     """Per-token KL estimate on sampled tokens, differentiable through the student's logprobs.
 

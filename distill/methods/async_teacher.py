@@ -40,7 +40,9 @@ Scored = dict[str, tuple["TokenScores", float]]
 Finish = Callable[[Rollouts, Scored, dict[str, float]], dict[str, Any]]
 
 
-def teacher_scorers(ctx: RunContext, teachers: dict[str, TeacherSide]) -> tuple[dict[str, Scorer], list[WorkerEngine]]:
+def teacher_scorers(
+    ctx: RunContext, teachers: dict[str, TeacherSide]
+) -> tuple[dict[str, Scorer], list[WorkerEngine]]:
     """What scores each domain's batches off the trainer's thread: a served teacher itself (its
     thread waits on the socket), else a worker process holding its own copy of the teacher (one
     per teacher, shared by the domains it teaches)."""
@@ -69,9 +71,14 @@ class AsyncTeacher:
     """Keeps one batch in flight with the teachers; see the module docstring."""
 
     def __init__(self, ctx: RunContext, teachers: dict[str, TeacherSide]) -> None:
-        self._scorers, self._workers = teacher_scorers(ctx, teachers)
-        # One thread a teacher: several teachers score their rows of a batch at once.
-        self._pool = ThreadPoolExecutor(len(teachers), thread_name_prefix="distill-teacher")
+        scorers, self._workers = teacher_scorers(ctx, teachers)
+        # One thread a teacher: several teachers score their rows of a batch at once, and two
+        # domains of one teacher go to it in one call (a worker answers one request at a time).
+        groups: dict[int, dict[str, Scorer]] = {}
+        for part, scorer in scorers.items():
+            groups.setdefault(id(scorer), {})[part] = scorer
+        self._groups = list(groups.values())
+        self._pool = ThreadPoolExecutor(len(self._groups), thread_name_prefix="distill-teacher")
         self._ahead: tuple[Rollouts, list[Future[Scored]]] | None = None
         self._held: tuple[Any, Any] | None = None
         self._next_inputs: list[dict[str, Any]] | None = None
@@ -125,7 +132,7 @@ class AsyncTeacher:
         self, inputs: list[dict[str, Any]], batches: Batches, generate: Generate
     ) -> tuple[Rollouts, list[Future[Scored]]]:
         batch = generate(inputs)
-        futures = [self._pool.submit(batches.score, {p: s}, batch) for p, s in self._scorers.items()]
+        futures = [self._pool.submit(batches.score, group, batch) for group in self._groups]
         return batch, futures
 
     def close(self) -> None:

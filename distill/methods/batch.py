@@ -173,12 +173,15 @@ class Batches:
         each = [(rows, self._targets(part, batch, rows, scored[part][0], mask_B_T)) for part, rows in parts]
         out.update(each[0][1] if len(each) == 1 else merged(each, len(batch.parts)))
         if len(self.parts) > 1:
-            out["domain_index"] = torch.tensor([self.parts.index(p) for p in batch.parts], device=mask_B_T.device)
+            out["domain_index"] = torch.tensor(
+                [self.parts.index(p) for p in batch.parts], device=mask_B_T.device
+            )
             perf = {**perf, **{f"perf/teacher_time_s/{p}": scored[p][1] for p, _ in parts}}
         if self._check_first:
             check_first_batch(ctx.student, out, batch.items, batch.prompt_rows, batch.completion_rows)
             self._check_first = False
-        log_rollouts(ctx, step, batch.items, batch.prompt_rows, batch.completion_rows, batch.parts)
+        cut = out.pop("cut_B", None)  # not a tensor for the trainer: read here only
+        log_rollouts(ctx, step, batch.items, batch.prompt_rows, batch.completion_rows, batch.parts, cut)
         ctx.log.add(
             {"perf/gen_time_s": batch.gen_time, "student/out_of_vocab_rate": batch.out_of_vocab_rate, **perf}
         )
@@ -220,6 +223,8 @@ def cut_out_of_vocab(out: dict[str, Any], limit: int) -> tuple[int, int]:
     if outside:
         after_B_T = outside_B_T.long().cumsum(dim=1) > 0
         out["completion_mask"] = mask_B_T * (~after_B_T).to(mask_B_T.dtype)
+    # A cut row ends before its EOS without having reached the token budget: not a truncation.
+    out["cut_B"] = outside_B_T.any(dim=1).tolist()
     return outside, tokens
 
 
@@ -230,12 +235,14 @@ def log_rollouts(
     prompt_rows: list[list[int]],
     completion_rows: list[list[int]],
     parts: list[str],
+    cut: list[bool] | None = None,
 ) -> None:
-    """The student's side of the step: lengths, truncation, reward, accuracy (per domain too in
-    a mixed run); a few samples."""
+    """The student's side of the step: lengths, truncation (`cut`: rows ended at an id outside
+    the vocabulary, which are not), reward, accuracy (per domain too in a mixed run); a few samples."""
     texts = ctx.student.tokenizer.batch_decode(completion_rows, skip_special_tokens=True)
     eos = set(ctx.student.eos_ids)
-    truncated = [not (row and row[-1] in eos) for row in completion_rows]
+    cut = cut or [False] * len(completion_rows)
+    truncated = [not (row and row[-1] in eos) and not c for row, c in zip(completion_rows, cut, strict=True)]
     scores = ctx.domain.score_batch(items, texts)
     lengths = [len(c) for c in completion_rows]
     figures = {
@@ -246,7 +253,7 @@ def log_rollouts(
         "student/accuracy": sum(s.correct for s in scores) / len(scores),
         "_tokens": float(sum(lengths) + sum(len(p) for p in prompt_rows)),
         # The batch's padded sequence width, for the attention part of a step's FLOPs (perf/mfu).
-        "_seq_len": float(max(lengths) + max(len(p) for p in prompt_rows)),
+        "_seq_len_max": float(max(lengths) + max(len(p) for p in prompt_rows)),
     }
     for part in sorted(set(parts)) if len(set(parts)) > 1 else []:
         mine = [s for s, p in zip(scores, parts, strict=True) if p == part]

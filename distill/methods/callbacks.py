@@ -17,7 +17,7 @@ from transformers import TrainerCallback
 
 from distill.hardware import model_shape, reset_gpu_peak, step_metrics
 from distill.kernels.heads import default_chunk_rows
-from distill.launch import barrier, reduce_metrics
+from distill.launch import barrier, reduce_metrics, world_size
 from distill.progress import StepBar
 
 if TYPE_CHECKING:
@@ -110,13 +110,13 @@ class DistillCallback(TrainerCallback):
         metrics["perf/tracking_s"] = self.ctx.log.spent
         self.ctx.log.spent = 0.0
         tokens = metrics.pop("_tokens", None)
-        seq_len = metrics.pop("_seq_len", 0.0)
+        seq_len = metrics.pop("_seq_len_max", 0.0)  # the longest row of any rank (reduce_metrics)
         if tokens is not None and self._last_step_time > 0:
             metrics["perf/tokens_per_s"] = tokens / self._last_step_time
             if self._shape is not None:
-                perf = step_metrics(
-                    self._shape, int(tokens), int(seq_len), self._last_step_time, self._device
-                )
+                # `_tokens` is every rank's: MFU is one device's share against one device's peak.
+                per_device = int(tokens / world_size())
+                perf = step_metrics(self._shape, per_device, int(seq_len), self._last_step_time, self._device)
                 metrics.update(perf)
         self.ctx.log.write(state.global_step, metrics)
         if self._bar is not None:

@@ -2,8 +2,8 @@
 targets -> loss, as explicit steps.
 
 - rollouts: GRPO's own generation path (so vLLM works where TRL's does); on the hf engine the
-  lean batched sampler through TRL's public `rollout_func` (engines/batched.py: the sampling
-  `generate` does at ~0.7x its time on the embedded student);
+  lean batched sampler through TRL's public `rollout_func` (engines/batched.py: the same
+  sampling as `generate`, in less time; docs/results.md has the ratio);
 - teacher scores and targets: `batch.Batches` (synchronously, or one step ahead through
   `async_teacher.AsyncTeacher`);
 - loss: `signal.Signal`, in the loss's own forward.
@@ -269,7 +269,10 @@ def _train(
     items = ctx.items = ctx.domain.train_items()
     # Conversational prompts: TRL renders them with the chat template and tokenises without adding
     # special tokens again, exactly as HFEngine.prompt_ids does for the teacher (see preflight).
-    rows = [{"prompt": [{"role": "user", "content": item.prompt}], "item_index": i} for i, item in enumerate(items)]
+    rows = [
+        {"prompt": [{"role": "user", "content": item.prompt}], "item_index": i}
+        for i, item in enumerate(items)
+    ]
     sampling = cfg.rollout.sampling()
     args = grpo_args(ctx, sampling)
     with warnings.catch_warnings():

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from distill.domains.base import Item
     from distill.engines.hf import HFEngine
 
+
 @dataclass
 class Rollout:
     """One student sample, cut and continued by the teacher."""

@@ -48,25 +48,6 @@ def check_lengths(completion_mask_B_T: torch.Tensor, *scores: TokenScores) -> No
                 raise ValueError(f"length mismatch in sample {i}: {n} student tokens, {m} {who} logprobs")
 
 
-def opd_advantages(
-    teacher: TokenScores, student: TokenScores, coef: float, clip: float | None = None
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """A_t = coef * (logp_T - logp_S) on the completion positions (0 elsewhere), plus the `kl/`
-    step metrics. The sampled-token reverse-KL estimate per token is logp_S - logp_T."""
-    if teacher.mask_B_T.shape != student.mask_B_T.shape or not torch.equal(
-        teacher.mask_B_T, student.mask_B_T.to(teacher.mask_B_T.device)
-    ):
-        raise ValueError(
-            f"length mismatch: teacher logprobs {teacher.lengths()} vs student logprobs {student.lengths()}"
-        )
-    mask_B_T = student.mask_B_T
-    gap_B_T = (teacher.logprobs_B_T.to(student.logprobs_B_T.device) - student.logprobs_B_T) * mask_B_T
-    adv_B_T = coef * gap_B_T
-    if clip is not None:
-        adv_B_T = adv_B_T.clamp(-clip, clip)
-    return adv_B_T, kl_stats(-gap_B_T[mask_B_T], adv_B_T.sum() / mask_B_T.sum().clamp_min(1))
-
-
 def kl_stats(
     reverse_kl_N: torch.Tensor, advantage_mean: torch.Tensor | float | None = None
 ) -> dict[str, float]:
@@ -86,6 +67,18 @@ def advantages(method: OnPolicyKL, gap: torch.Tensor) -> torch.Tensor:
     """A = coef * (logp_T - logp_S), clamped to +-advantage_clip when set (never normalised)."""
     adv = method.coef * gap
     return adv if method.advantage_clip is None else adv.clamp(-method.advantage_clip, method.advantage_clip)
+
+
+def token_advantages(
+    method: OnPolicyKL, teacher_B_T: torch.Tensor, student_B_T: torch.Tensor, mask_B_T: torch.Tensor
+) -> tuple[torch.Tensor, Figures]:
+    """token_reward_direct's A_t = coef * (logp_T - logp_S) on the completion positions (0
+    elsewhere), and the figures of the supervised tokens: the raw gap (not the clamped advantage)
+    is the reverse-KL estimate logp_S - logp_T."""
+    gap_B_T = (teacher_B_T.to(student_B_T.device) - student_B_T) * mask_B_T
+    adv_B_T = advantages(method, gap_B_T) * mask_B_T
+    on = mask_B_T.bool()
+    return adv_B_T, Figures(-gap_B_T[on], adv_B_T[on], clipped(method, gap_B_T[on]))
 
 
 def clipped(method: OnPolicyKL, gap_N: torch.Tensor) -> torch.Tensor | None:
@@ -139,7 +132,7 @@ class KLMeter:
         total, count = self._means.get(name, (0.0, 0))
         total, count = total + float(values_N.detach().double().sum()), count + values_N.numel()
         self._means[name] = (total, count)
-        return {name: total / max(count, 1)}
+        return {name: total / count} if count else {}  # a mean over no tokens is no figure
 
     def add(
         self, step: int, reverse_kl_N: torch.Tensor, advantage_sum: torch.Tensor | None = None
@@ -149,12 +142,15 @@ class KLMeter:
         self.n += values.numel()
         self.total += float(values.sum())
         self.squares += float((values * values).sum())
-        n = max(self.n, 1)
+        if advantage_sum is not None:
+            self.advantage += float(advantage_sum)
+        if not self.n:  # every sample of the step masked so far: no figure (diagnose reads none)
+            return {}
+        n = self.n
         mean = self.total / n
         var = (self.squares - n * mean * mean) / (n - 1) if self.n > 1 else 0.0
         stats = {"kl/reverse_kl_mean": mean, "kl/reverse_kl_std": math.sqrt(max(var, 0.0))}
         if advantage_sum is not None:
-            self.advantage += float(advantage_sum)
             stats["kl/advantage_mean"] = self.advantage / n
         return stats
 

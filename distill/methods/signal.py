@@ -33,7 +33,7 @@ from distill.kernels import losses
 from distill.kernels.heads import head_gather, head_gather_topk, output_head, select_positions, token_logprobs
 from distill.kernels.states import decoder_states
 from distill.methods.cross_family import CrossFamily, group_advantages, group_divergence
-from distill.methods.scoring import Figures, KLMeter, advantages, clipped
+from distill.methods.scoring import Figures, KLMeter, advantages, clipped, token_advantages
 
 if TYPE_CHECKING:
     from distill.tracking.steplog import StepRecord
@@ -77,15 +77,16 @@ class Signal:
         """token_reward_direct: A_t = coef * (logp_T - logp_S) from the loss forward's own student
         logprobs, into the batch GRPO's loss is about to read; the step's `kl/` figures."""
         if self.cross is not None:  # per byte group (cross_family.py)
-            inputs["advantages"], figures = group_advantages(self.method, self.cross.mode, inputs, student_B_T)
+            inputs["advantages"], figures = group_advantages(
+                self.method, self.cross.mode, inputs, student_B_T
+            )
             self._record(step, figures, inputs)
             return
-        mask_B_T = inputs["completion_mask"]
-        gap_B_T = (inputs["teacher_logps"] - student_B_T) * mask_B_T
-        adv_B_T = advantages(self.method, gap_B_T)
-        inputs["advantages"] = adv_B_T * mask_B_T
-        on = mask_B_T.bool()
-        self._record(step, Figures(-gap_B_T[on], adv_B_T[on], clipped(self.method, gap_B_T[on])), inputs)
+        adv_B_T, figures = token_advantages(
+            self.method, inputs["teacher_logps"], student_B_T, inputs["completion_mask"]
+        )
+        inputs["advantages"] = adv_B_T
+        self._record(step, figures, inputs)
 
     def divergence_loss(
         self, step: int, model: torch.nn.Module, head_model: torch.nn.Module, inputs: dict[str, Any]
@@ -149,7 +150,9 @@ def _topk_forward_kl(
     )
     student_N_K = gathered[:, 1:] - lse_N[:, None]
     weight_N_K = mapped_N_K.to(student_N_K.dtype)
-    per_token_N = losses.topk_forward_kl_per_token(student_N_K, teacher_logps_N_K, method.topk_tail, weight_N_K)
+    per_token_N = losses.topk_forward_kl_per_token(
+        student_N_K, teacher_logps_N_K, method.topk_tail, weight_N_K
+    )
     loss = per_token_N.sum() / max(per_token_N.numel(), 1)
     with torch.no_grad():
         topk = {

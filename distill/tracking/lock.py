@@ -36,6 +36,7 @@ class RunDir(Protocol):
     @property
     def lock(self) -> Path: ...
 
+
 # A probe (`lock_held`, from `distill runs`) holds the lock for microseconds: a writer that meets
 # one retries briefly before refusing.
 ATTEMPTS = 4

@@ -115,7 +115,8 @@ def open_run_tracker(
         "domain": config.domain.name,
         "method": config.method.name,
         "student": config.student.name,
-        "teacher": config.teacher.name,
+        # A run over several domains: each domain's teacher, `rlve=<model>,dapo=<model>`.
+        "teacher": ",".join(f"{d}={m.name}" for d, m in config.teachers.items()) or config.teacher.name,
         "distill.version": __version__,
         "distill.run_dir": str(run.path.resolve()),
         **git_tags(),

@@ -166,9 +166,6 @@ class RunDir:
         """`eval/step-N.jsonl`, or a model's other than the student's (`teacher/`) under `prefix`."""
         return self.eval / f"{prefix}{step_name(step)}.jsonl"
 
-    def is_run(self) -> bool:
-        return self.config.exists()
-
     # -- finding and creating ---------------------------------------------------------------
     @classmethod
     def create(cls, runs_dir: Path, run_id: str) -> RunDir:

@@ -101,9 +101,8 @@ def student_shape(**fields: Any) -> ModelRecipe:
 RECIPES: dict[str, Recipe] = {
     "tok-qwen": TokenizerRecipe(family="qwen", vocab_size=1024),
     "tok-llama": TokenizerRecipe(family="llama", vocab_size=1280),
-    # Packed: 28% less time per step than padded rows (291 vs 405 s at 1 thread), at about the
-    # padded build's accuracy (docs/grid.md). teacher-llama keeps its padded build, so
-    # docs/cross_family.md's numbers hold.
+    # Packed rows: less time per step than padded ones at about the same accuracy (docs/grid.md
+    # has the measurement). teacher-llama keeps its padded build, so docs/cross_family.md holds.
     # RLVE's own (DOMAIN_RECIPES) trains 250 steps.
     "teacher": teacher_shape(steps=400, lr=3e-3, batch_size=64, corrupt_prob=0.3, pack=True),
     # The other tokenizer family: with zoo:student it is the cross-family pair (ROSE via the bridge).
@@ -156,9 +155,8 @@ _SCIWORLD_TEACHER = teacher_shape(
     detour_share=1.0,
 )
 DOMAIN_RECIPES: dict[str, dict[str, Recipe]] = {
-    # RLVE: `make run`'s teacher at 250 of the 400 steps, for a shorter first run: built in 166 s
-    # instead of 258 s, a point or two less accurate, and OPD's preset lifts the student about
-    # as far (docs/grid.md, "`make run` in less work").
+    # RLVE: `make run`'s teacher at 250 of the 400 steps, for a shorter first run at about the same
+    # lift of the student (docs/grid.md, "`make run` in less work", has the numbers).
     "rlve": {"teacher": RECIPES["teacher"].model_copy(update={"steps": 250})},
     # One student for both domains: each single-domain student's slice (256 items) from each part,
     # and as many passes over them; each part's teacher is `teacher@<part>` (zoo/build.py).

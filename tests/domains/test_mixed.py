@@ -13,7 +13,7 @@ from distill.cli.app import app, model_overrides
 from distill.config import ConfigError, resolve_config
 from distill.domains import build_domain
 from distill.domains.base import Item
-from distill.domains.mixed import draw, part_of
+from distill.domains.mixed import draw, part_of, shares
 
 
 def test_two_domains_make_one_mixed_config_with_each_parts_own_fields() -> None:
@@ -32,12 +32,27 @@ def test_two_domains_make_one_mixed_config_with_each_parts_own_fields() -> None:
 @pytest.mark.parametrize(
     ("domain", "method", "overrides", "message"),
     [
-        ("rlve,sciworld", "opd", [], "a run over several domains takes single-turn ones; sciworld is multi-turn"),
+        (
+            "rlve,sciworld",
+            "opd",
+            [],
+            "a run over several domains takes single-turn ones; sciworld is multi-turn",
+        ),
         ("rlve,rlve", "opd", [], "name each domain once"),
         ("rlve,dapo", "rose", [], "method rose trains on one domain per run"),
         ("rlve,dapo", "opd", ["teachers.dapo.name=zoo:teacher"], "domain rlve has no teacher"),
-        ("rlve", "opd", ["teachers.dapo.name=zoo:teacher"], "teachers.dapo: dapo is not a domain of this run"),
-        ("rlve,dapo", "opsd", ["teachers.dapo.name=x", "teachers.rlve.name=y"], "opsd's teacher is the student"),
+        (
+            "rlve",
+            "opd",
+            ["teachers.dapo.name=zoo:teacher"],
+            "teachers.dapo: dapo is not a domain of this run",
+        ),
+        (
+            "rlve,dapo",
+            "opsd",
+            ["teachers.dapo.name=x", "teachers.rlve.name=y"],
+            "opsd's teacher is the student",
+        ),
         ("rlve,dapo", "opd", ["domain.mix.rlve=0"], "mix.rlve: a weight must be > 0"),
         ("rlve,dapo", "opd", ["domain.mix.aime=1"], "mix.aime: aime is not a part of rlve+dapo"),
         (
@@ -46,6 +61,13 @@ def test_two_domains_make_one_mixed_config_with_each_parts_own_fields() -> None:
             ["teacher.name=other", "teachers.rlve.name=a", "teachers.dapo.name=b"],
             "two teachers for rlve",
         ),
+        ("rlve", "opd", ["teacher.name=other", "teachers.rlve.name=a"], "two teachers for rlve"),
+        (
+            "rlve,dapo",
+            "opd",
+            ["method.loss=jsd"],
+            "method.loss=jsd: a run over rlve+dapo has a teacher per domain",
+        ),
     ],
 )
 def test_a_mix_that_cannot_run_is_one_config_error(
@@ -53,6 +75,11 @@ def test_a_mix_that_cannot_run_is_one_config_error(
 ) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         resolve_config(domain, method, None, overrides)
+
+
+def test_a_one_domain_runs_teacher_named_by_its_domain_is_its_teacher() -> None:
+    cfg = resolve_config("rlve", "opd", None, ["teachers.rlve.name=/models/t"])
+    assert (cfg.teacher.name, cfg.teachers) == ("/models/t", {})
 
 
 def test_teacher_flags_name_one_teacher_or_each_domains() -> None:
@@ -75,7 +102,10 @@ def test_teacher_flags_name_one_teacher_or_each_domains() -> None:
     [
         (["rlve=a", "rlve=b"], "two teachers for rlve"),
         (["dapo=zoo:teacher"], "domain rlve has no teacher"),
-        (["rlve=zoo:teacher", "dapo=/nowhere/teacher"], "teachers.dapo.name: no such folder /nowhere/teacher"),
+        (
+            ["rlve=zoo:teacher", "dapo=/nowhere/teacher"],
+            "teachers.dapo.name: no such folder /nowhere/teacher",
+        ),
     ],
 )
 def test_the_cli_refuses_a_teacher_it_cannot_use_and_writes_nothing(
@@ -105,6 +135,12 @@ def test_draw_keeps_the_weights_and_all_items_of_a_small_part() -> None:
     # A total that leaves every share within its part: each part's first items, none twice.
     small = draw(parts, {"a": 0.5, "b": 0.5}, 16)
     assert sorted(i.id for i in small) == sorted([f"a-{i}" for i in range(8)] + [f"b-{i}" for i in range(8)])
+
+
+def test_shares_add_up_to_the_total() -> None:
+    assert shares({"a": 1 / 3, "b": 1 / 3, "c": 1 / 3}, 10) == {"a": 4, "b": 3, "c": 3}
+    assert shares({"rlve": 1 / 3, "dapo": 2 / 3}, 12288) == {"rlve": 4096, "dapo": 8192}
+    assert shares({"rlve": 1 / 3, "dapo": 2 / 3}, 4096) == {"rlve": 1365, "dapo": 2731}
 
 
 @pytest.mark.integration

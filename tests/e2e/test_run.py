@@ -229,11 +229,14 @@ def test_killed_run_resumes_from_last_checkpoint(tmp_path: Path, tiny_zoo) -> No
     print(f"killing after step {kill_after}")  # shown with a failure, to re-run the same case
     proc = _start(tiny_zoo, ws, "killed", 12, ("eval.every_steps=4",))
     _wait_until(proc, lambda: (run_dir / "checkpoints" / "step-2").exists(), "the first checkpoint")
+    _wait_until(proc, lambda: max(_train_steps(run_dir), default=0) >= kill_after, f"step {kill_after}")
+    # Stopped, the writer still lives (and holds the lock) but cannot run out its 12 steps while
+    # the refused resume (a whole process start) is checked.
+    os.kill(proc.pid, signal.SIGSTOP)
     refused = _distill(["run", "--resume", "killed"], ws)
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert refused.stderr.strip().splitlines() == [refused.stderr.strip()]
     assert f"is being written by pid {proc.pid}" in refused.stderr
-    _wait_until(proc, lambda: max(_train_steps(run_dir), default=0) >= kill_after, f"step {kill_after}")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -359,7 +362,7 @@ def test_sft_run_trains_on_teacher_trajectories(tmp_path: Path, tiny_zoo) -> Non
 
 def test_failing_run_is_marked_failed(tmp_path: Path, tiny_zoo) -> None:
     """A run whose preflight refuses to start: FAILED in both places, its files in MLflow, and
-    `distill diagnose` finds the failed check in the real preflight.json."""
+    `distill diagnose` reports the failed check once, by its own rule."""
     ws = tmp_path / "ws"
     overrides = [*_overrides(tiny_zoo, 2, 0), "student.enable_thinking=true", "teacher.enable_thinking=false"]
     proc = _distill(["run", "--domain", "rlve", "--method", "opd", *overrides], ws)
@@ -380,8 +383,13 @@ def test_failing_run_is_marked_failed(tmp_path: Path, tiny_zoo) -> None:
 
     diagnosed = _distill(["diagnose", run_dir.name, "--format", "json", "--no-plots", "--no-mlflow"], ws)
     [report] = json.loads(diagnosed.stdout)["runs"]
-    failed = [f for f in report["findings"] if f["name"] == "preflight_failed"]
-    assert len(failed) == 1 and failed[0]["evidence"][0]["value"] == "checks.thinking_mode"
+    # The failed check is reported once, by its own rule (with both settings), not again as
+    # a generic `preflight_failed`.
+    names = [f["name"] for f in report["findings"]]
+    assert names.count("thinking_mismatch") == 1 and "preflight_failed" not in names
+    [mismatch] = [f for f in report["findings"] if f["name"] == "thinking_mismatch"]
+    assert mismatch["severity"] == "error"
+    assert {e["value"] for e in mismatch["evidence"]} == {"True", "False"}
 
 
 def test_resume_refuses_models_that_changed_since_the_run_started(tmp_path: Path, tiny_zoo) -> None:

@@ -308,7 +308,7 @@ def test_sft_valid_turns_only_drops_episodes_with_no_accepted_turn_and_refuses_w
             policy = lambda ep: gold if ep.item.id in first else wrong  # noqa: E731
             return real_play(domain, items, policy, *args, **{**kw, "gold": True})
 
-        monkeypatch.setattr(play_module, "play", scripted)
+        monkeypatch.setattr(episode_sft, "play", scripted)  # the name the method calls
         ctx = textgame_context(tmp_path / run, domain_cfg, config, tiny_zoo.student, tiny_zoo.teacher)
         if wins == 0:
             with pytest.raises(ValueError, match="accepted no action of the teacher"):

@@ -165,7 +165,7 @@ def _step_raises_logprob_of(kind: str, x: int) -> tuple[float, float]:
     else:
         top = lt_full.topk(K, dim=-1)
         per_token = losses.topk_forward_kl_per_token(ls_full.gather(-1, top.indices), top.values)
-    losses.masked_mean(per_token, mask).backward()
+    ((per_token * mask).sum() / mask.sum()).backward()
     assert logits.grad is not None
     after = torch.log_softmax(logits.detach() - 0.1 * logits.grad, -1)
     return float(ls_full[0, 0, x]), float(after[0, 0, x])

@@ -59,9 +59,7 @@ def _train(
     )
     seen: list[Any] = []
 
-    def capture(
-        self: Batches, step: int, batch: Any, teacher: Any, perf: dict[str, float]
-    ) -> dict[str, Any]:
+    def capture(self: Batches, step: int, batch: Any, teacher: Any, perf: dict[str, float]) -> dict[str, Any]:
         (scores, _seconds) = teacher[ctx.config.domain.name]  # one domain: one teacher's scores
         seen.append(([i.prompt for i in batch.items], batch.completion_rows, batch.teacher_prompts, scores))
         return TARGETS(self, step, batch, teacher, perf)

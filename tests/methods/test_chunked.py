@@ -12,7 +12,7 @@ from distill.config import OPDMethod, Sampling
 from distill.engines.base import right_pad
 from distill.engines.hf import HFEngine
 from distill.kernels import losses
-from distill.methods.scoring import opd_advantages
+from distill.methods.scoring import token_advantages
 from distill.methods.signal import Signal
 from distill.tracking.base import NullTracker
 from distill.tracking.steplog import SilentLog
@@ -145,10 +145,10 @@ def test_grpo_logps_and_the_policy_gradient_equal_the_full_logits(
     from distill.kernels.states import completion_logprobs
 
     student, teacher = pair
-    adv_B_T, _ = opd_advantages(
-        teacher.score(rollout["prompts"], rollout["completions"]),
-        student.score(rollout["prompts"], rollout["completions"]),
-        coef=1.0,
+    scored_t = teacher.score(rollout["prompts"], rollout["completions"])
+    scored_s = student.score(rollout["prompts"], rollout["completions"])
+    adv_B_T, _ = token_advantages(
+        OPDMethod(coef=1.0), scored_t.logprobs_B_T, scored_s.logprobs_B_T, scored_s.mask_B_T
     )
     ids = torch.cat([rollout["prompt_ids"], rollout["completion_ids"]], 1)
     attn = torch.cat([rollout["prompt_mask"], rollout["completion_mask"]], 1)

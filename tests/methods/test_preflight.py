@@ -29,7 +29,9 @@ def _run(config: RunConfig, student: HFEngine, teacher: HFEngine):
     domain = build_domain(config.domain)
     view = teacher_view(config, domain)
     assert view is not None
-    return run_preflight(config, student, teacher, domain.train_items()[:2], view.prompt_for, view.same_template)
+    return run_preflight(
+        config, student, teacher, domain.train_items()[:2], view.prompt_for, view.same_template
+    )
 
 
 def test_matching_pair_passes_with_zero_self_score_gap(tiny_zoo) -> None:

@@ -42,11 +42,20 @@ def draw(parts: dict[str, list[Item]], weights: dict[str, float], total: int) ->
     """`total` items, each part's share by its weight (its first items; past its last, from its
     first again), in one fixed order (the trainer shuffles them again, by the run's seed)."""
     out: list[Item] = []
-    for name, items in parts.items():
-        share = round(weights[name] * total) if items else 0
-        out += [items[i % len(items)] for i in range(share)]
+    for name, share in shares(weights, total).items():
+        items = parts[name]
+        out += [items[i % len(items)] for i in range(share)] if items else []
     random.Random("+".join(parts)).shuffle(out)
     return out
+
+
+def shares(weights: dict[str, float], total: int) -> dict[str, int]:
+    """`total` split by `weights` (summing to 1) into whole counts that add up to it: each its
+    floor, the rest one each to the largest remainders (first part first on a tie)."""
+    exact = {name: w * total for name, w in weights.items()}
+    out = {name: int(x) for name, x in exact.items()}
+    rest = sorted(exact, key=lambda n: -(exact[n] - out[n]))[: total - sum(out.values())]
+    return {name: n + (name in rest) for name, n in out.items()}
 
 
 class MixedDomain(Domain):

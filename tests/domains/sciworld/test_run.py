@@ -27,7 +27,9 @@ def test_sciworld_methods_resolve_to_the_episode_versions(monkeypatch: pytest.Mo
     # Single-turn domains keep the single-turn methods.
     assert get_method("sft", "rlve") is sft.train
     # A method without an episode version is a clear error on an episodic domain.
-    monkeypatch.setitem(registry.METHODS, "opsd", dataclasses.replace(registry.METHODS["opsd"], episodes=None))
+    monkeypatch.setitem(
+        registry.METHODS, "opsd", dataclasses.replace(registry.METHODS["opsd"], episodes=None)
+    )
     with pytest.raises(
         ValueError, match=r"'opsd' does not run on the multi-turn domain 'sciworld'.*sft, opd, rose$"
     ):
