@@ -125,6 +125,15 @@ class RunRecord:
         return str(self.cfg("method.name") or self.summary.get("method") or "?")
 
     @property
+    def teacher(self) -> str | None:
+        """The teacher's name; a run with a teacher per domain: `rlve=A, dapo=B`."""
+        teachers = self.cfg("teachers")
+        if isinstance(teachers, dict) and teachers:
+            return ", ".join(f"{d}={(t or {}).get('name')}" for d, t in teachers.items())
+        name = self.cfg("teacher.name") or self.summary.get("teacher")
+        return str(name) if name is not None else None
+
+    @property
     def teacher_role(self) -> str | None:
         """How the method's teacher takes part (the registry's writes / continues / scores);
         None for a method this version does not know."""

@@ -49,7 +49,7 @@ class Report:
             "domain": rec.domain,
             "method": rec.method,
             "student": rec.cfg("student.name") or rec.summary.get("student"),
-            "teacher": rec.cfg("teacher.name") or rec.summary.get("teacher"),
+            "teacher": rec.teacher,
             "status": rec.summary.get("status", "?"),
             "steps": rec.train_steps(),
         }

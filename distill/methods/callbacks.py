@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from transformers import TrainerCallback
 
@@ -21,7 +21,7 @@ from distill.launch import barrier, reduce_metrics, world_size
 from distill.progress import StepBar
 
 if TYPE_CHECKING:
-    from transformers import TrainerControl, TrainerState, TrainingArguments
+    from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
 
     from distill.methods.context import RunContext
 
@@ -141,7 +141,10 @@ class DistillCallback(TrainerCallback):
             tracker.set_tags({"checkpoint.last": str(dst)})
 
 
-def quiet(trainer: Any) -> Any:
+TrainerT = TypeVar("TrainerT", bound="Trainer")
+
+
+def quiet(trainer: TrainerT) -> TrainerT:
     """distill prints its own progress; drop the trainer's dict-per-step printer."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 

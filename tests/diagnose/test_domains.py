@@ -53,3 +53,21 @@ def test_a_teacher_far_slower_than_its_share_of_rows(tmp_path: Path) -> None:
     even = series_rows(20, perf__teacher_time_s__rlve=lambda s: 1.0, perf__teacher_time_s__dapo=lambda s: 2.0)
     run = write_run(tmp_path, "even", config=MIX, metrics=even, summary={"domain": "rlve+dapo"})
     assert domains.teacher_bottleneck(load_run(run)) == []
+
+
+def test_the_report_names_every_domains_teacher_and_all_rules_include_the_domain_rules(
+    tmp_path: Path,
+) -> None:
+    from distill.diagnose import all_rules, diagnose
+    from distill.diagnose.report import Report
+
+    config = {**MIX, "teachers": {"rlve": {"name": "puzzles-8b"}, "dapo": {"name": "math-8b"}}}
+    run = write_run(
+        tmp_path, "two", config=config, metrics=healthy_metrics(), summary=_parts((0.3, 0.6), (0.25, 0.25))
+    )
+    rec = load_run(run)
+    assert rec.teacher == "rlve=puzzles-8b, dapo=math-8b"
+    assert {domains.domain_flat, domains.teacher_bottleneck} <= set(all_rules())
+    findings = diagnose(rec)
+    assert "domain_flat:dapo" in [f.name for f in findings]  # through diagnose itself, not the rule alone
+    assert Report(rec, findings).header()["teacher"] == "rlve=puzzles-8b, dapo=math-8b"
