@@ -73,7 +73,8 @@ class AsyncTeacher:
     def __init__(self, ctx: RunContext, teachers: dict[str, TeacherSide]) -> None:
         scorers, self._workers = teacher_scorers(ctx, teachers)
         # One thread a teacher: several teachers score their rows of a batch at once, and two
-        # domains of one teacher go to it in one call (a worker answers one request at a time).
+        # domains of one teacher go to it from one thread, one after the other (a worker answers
+        # one request at a time).
         groups: dict[int, dict[str, Scorer]] = {}
         for part, scorer in scorers.items():
             groups.setdefault(id(scorer), {})[part] = scorer

@@ -211,20 +211,16 @@ def test_cell_refuses_before_a_run_directory(
     assert not (tmp_path / "runs").exists()
 
 
+def _preflight(families: Any, student: str, teacher: str, *extra: str) -> list[str]:
+    """`distill run --preflight` of OPD on rlve with the pair `student` <- `teacher`."""
+    pair = [f"student.name={families[student]}", f"teacher.name={families[teacher]}"]
+    return ["run", "--preflight", "--domain", "rlve", "--method", "opd", *pair, *extra]
+
+
 def test_cross_family_jsd_is_refused(families: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """jsd compares whole distributions over one vocabulary: a cross-family pair is told which
     losses it can use, and nothing is trained."""
-    args = [
-        "run",
-        "--preflight",
-        "--domain",
-        "rlve",
-        "--method",
-        "opd",
-        f"student.name={families['s-qwen3']}",
-    ]
-    args += [f"teacher.name={families['t-llama3']}", "method.loss=jsd"]
-    result = run_cli(args, tmp_path, monkeypatch)
+    result = run_cli(_preflight(families, "s-qwen3", "t-llama3", "method.loss=jsd"), tmp_path, monkeypatch)
     assert result.exit_code != 0
     assert "method.loss=jsd" in result.output and "forward_kl_topk" in result.output, result.output
     assert not (tmp_path / "runs").exists()
@@ -240,16 +236,7 @@ def test_cross_family_jsd_is_refused(families: Any, tmp_path: Path, monkeypatch:
 def test_preflight(
     teacher: str, words: str, families: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    args = [
-        "run",
-        "--preflight",
-        "--domain",
-        "rlve",
-        "--method",
-        "opd",
-        f"student.name={families['s-qwen3']}",
-    ]
-    result = run_cli([*args, f"teacher.name={families[teacher]}"], tmp_path, monkeypatch)
+    result = run_cli(_preflight(families, "s-qwen3", teacher), tmp_path, monkeypatch)
     assert result.exit_code == 0, result.output[-3000:]
     assert words in result.output and "preflight passed" in result.output
     assert not (tmp_path / "runs").exists()
@@ -260,21 +247,8 @@ def test_preflight_refuses_a_thinking_only_teacher(
 ) -> None:
     """Same vocabulary, but the teacher's template (Qwen3-Thinking-2507) always opens `<think>`:
     it would score the student's tokens after a different prompt. Refused, with both prompts."""
-    args = [
-        "run",
-        "--preflight",
-        "--domain",
-        "rlve",
-        "--method",
-        "opd",
-        f"student.name={families['s-qwen3']}",
-    ]
-    args += [
-        f"teacher.name={families['t-qwen3-thinking']}",
-        "student.enable_thinking=true",
-        "teacher.enable_thinking=true",
-    ]
-    result = run_cli(args, tmp_path, monkeypatch)
+    thinking = ("student.enable_thinking=true", "teacher.enable_thinking=true")
+    result = run_cli(_preflight(families, "s-qwen3", "t-qwen3-thinking", *thinking), tmp_path, monkeypatch)
     assert result.exit_code == 2, result.output[-3000:]
     assert "chat templates differ" in result.output and "different prompt" in result.output
     assert not (tmp_path / "runs").exists()
@@ -283,17 +257,7 @@ def test_preflight_refuses_a_thinking_only_teacher(
 def test_preflight_shows_rows_that_differ(
     families: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    args = [
-        "run",
-        "--preflight",
-        "--domain",
-        "rlve",
-        "--method",
-        "opd",
-        f"student.name={families['s-qwen15']}",
-    ]
-    result = run_cli(
-        [*args, f"teacher.name={families['t-qwen15']}", "method.loss=forward_kl_topk"], tmp_path, monkeypatch
-    )
+    args = _preflight(families, "s-qwen15", "t-qwen15", "method.loss=forward_kl_topk")
+    result = run_cli(args, tmp_path, monkeypatch)
     assert result.exit_code == 0, result.output[-3000:]
     assert "151,646" in result.output and "151,936" in result.output
