@@ -97,7 +97,7 @@ def test_a_mixed_domain_is_a_row_of_its_own() -> None:
     # The mix's budget is its own preset's: the two domains' steps together.
     assert spec.budgets["rlve+dapo"].steps == spec.budgets["rlve"].steps + spec.budgets["dapo"].steps
     cfg = _cell_config(spec, Cell("rlve+dapo", "opd", 0))
-    assert cfg.domain.name == "rlve+dapo" and cfg.domain.weights()["dapo"] == pytest.approx(2 / 3)
+    assert cfg.domain.name == "rlve+dapo" and cfg.domain.weights()["dapo"] == pytest.approx(0.6)
     # A method that trains one domain per run is refused with the cell to leave out.
     with pytest.raises(GridRefused, match=r"--skip rlve\+dapo/sft"):
         _plan("rlve+dapo", "sft,opd", seeds=1)

@@ -17,14 +17,14 @@ from distill.domains.mixed import draw, part_of, shares
 
 
 def test_two_domains_make_one_mixed_config_with_each_parts_own_fields() -> None:
-    cfg = resolve_config("rlve,dapo", "opd", None, ["domain.parts.dapo.max_value=30", "domain.mix.dapo=3"])
+    cfg = resolve_config("rlve,dapo", "opd", None, ["domain.parts.dapo.max_value=30", "domain.mix.dapo=6"])
     assert cfg.domain.name == "rlve+dapo"
     assert cfg.domain.parts["dapo"].max_value == 30  # type: ignore[attr-defined]
     assert cfg.domain.weights() == {"rlve": 0.25, "dapo": 0.75}  # type: ignore[attr-defined]
-    # Its own preset: the two single-domain OPD budgets together, each domain's prompts as many as
-    # its own preset trains on (200 and 400 steps).
+    # Its own preset: the two single-domain OPD budgets together (200 and 400 steps), rlve:dapo 2:3.
     assert cfg.optim.max_steps == 600
-    assert resolve_config("rlve,dapo", "opd").domain.weights() == {"rlve": 1 / 3, "dapo": 2 / 3}  # type: ignore[attr-defined]
+    preset = resolve_config("rlve,dapo", "opd")
+    assert preset.domain.weights() == pytest.approx({"rlve": 0.4, "dapo": 0.6})  # type: ignore[attr-defined]
     # A mix without a preset of its own takes its first part's.
     assert resolve_config("dapo,rlve", "opd").optim.max_steps == resolve_config("dapo", "opd").optim.max_steps
 
@@ -146,7 +146,7 @@ def test_shares_add_up_to_the_total() -> None:
 @pytest.mark.integration
 def test_mixed_items_are_tagged_and_scored_by_their_own_domain(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("DISTILL_WORKSPACE", str(tmp_path))
-    cfg = resolve_config("rlve,dapo", "opd", None, ["domain.train_size=64", "domain.mix.dapo=1"])
+    cfg = resolve_config("rlve,dapo", "opd", None, ["domain.train_size=64", "domain.mix.dapo=2"])
     domain = build_domain(cfg.domain)
     try:
         train = domain.train_items()
