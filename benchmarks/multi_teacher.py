@@ -4,14 +4,14 @@ One student (the mixed zoo's `zoo:student`, built from both domains' slices) is 
 
 - on rlve alone by rlve's teacher, and on dapo alone by dapo's teacher (each domain's OPD preset);
 - on both at once, each row by its own domain's teacher (`configs/rlve+dapo/opd.yaml`: the two
-  presets' steps together, each domain's prompts as many as its own preset's);
+  presets' steps together, its own prompt mix and lr);
 - and the same with dapo's teacher of another tokenizer family (`teacher-llama`), alone and mixed.
 
 The teachers are the mixed zoo's `teacher@rlve`, `teacher@dapo` and `teacher-llama@dapo`: each
 trained on its own domain, the first two with the student's tokenizer. Each domain's lift
 (after - before, on its own eval items) of the mixed run is divided by its single-domain lift.
 
-    python benchmarks/multi_teacher.py --seeds 0,1 --out docs/img/multi_teacher
+    python benchmarks/multi_teacher.py --seeds 0,1,2 --out docs/img/multi_teacher
     python benchmarks/multi_teacher.py --seeds 0 --steps-scale 0.1 --eval-items 50   # a quick look
 
 Runs go to `--workspace` (default ./workspace); a finished run is kept and not run again.
