@@ -7,6 +7,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distill import registry
@@ -250,8 +251,6 @@ def preflight(
 def local_reference(config: RunConfig, teacher: Engine) -> Engine | None:
     """A served teacher's weights loaded in this process, for the preflight's reference pass;
     None when they are not a local folder small enough to load beside the run."""
-    from pathlib import Path
-
     folder = Path(str(teacher.describe().get("path", "")))
     weights = [*folder.glob("*.safetensors"), *folder.glob("*.bin")] if folder.is_dir() else []
     if not weights or sum(f.stat().st_size for f in weights) > REFERENCE_MAX_BYTES:
