@@ -119,13 +119,13 @@ def problem_table(result: EvalResult, title: str) -> Table:
     """One row per problem: reference answer, the first sample's boxed answer, correct of k."""
     from rich.table import Table
 
-    from distill.domains.dapo.grader import extract_boxed
+    from distill.domains.dapo.grader import final_answer
 
     table = Table(title=title)
     for col, justify in (
         ("problem", "left"),
         ("answer", "left"),
-        ("first boxed", "left"),
+        ("final answer", "left"),
         ("correct", "right"),
         ("truncated", "right"),
         ("tokens", "right"),
@@ -133,7 +133,7 @@ def problem_table(result: EvalResult, title: str) -> Table:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]  # rich's Literal of justify names
     for row in result.rows:
         first = row["responses"][0] if row["responses"] else ""
-        boxed = extract_boxed(first)
+        boxed = final_answer(first)
         table.add_row(
             str(row["id"]),
             str(row["answer"])[:24],

@@ -1,7 +1,11 @@
 """Math answers graded with `math-verify`, in worker processes, with a timeout per item.
 
-A response answers only through its final `\\boxed{...}`: an unboxed number is not an answer (the
+A response answers only through its last `\\boxed{...}`: an unboxed number is not an answer (the
 reference protocol grades this way, and it keeps "the answer is 3, no wait, 5" from counting).
+The last box is the answer even when it is unclosed (a response cut at its token budget): then
+there is no answer, never an earlier box the response went on to replace. A response that thinks
+is graded on what follows its last `</think>`; one cut inside its thinking (`<think>` opened and
+never closed) has no answer, whatever it boxed while thinking: a draft is not a final answer.
 The boxed content and the reference are parsed and compared by math-verify, so `\\frac{1}{576}`
 and `1/576`, or a pair of roots in either order, grade as equal.
 
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 BOXED = "\\boxed"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 @dataclass(frozen=True)
@@ -30,24 +35,36 @@ class Grade:
 
 
 def extract_boxed(text: str) -> str | None:
-    """The content of the last `\\boxed{...}` (braces balanced), or None when there is none."""
+    """The content of the last `\\boxed{...}` (braces balanced), or None when there is none or the
+    last one is unclosed or malformed."""
     start = text.rfind(BOXED)
-    while start != -1:
-        i = start + len(BOXED)
-        while i < len(text) and text[i] == " ":
-            i += 1
-        if i < len(text) and text[i] == "{":
-            depth = 0
-            for j in range(i, len(text)):
-                if text[j] == "{":
-                    depth += 1
-                elif text[j] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        return text[i + 1 : j].strip()
-        # Unclosed or malformed: look at an earlier one.
-        start = text.rfind(BOXED, 0, start)
+    if start == -1:
+        return None
+    i = start + len(BOXED)
+    while i < len(text) and text[i] == " ":
+        i += 1
+    if i >= len(text) or text[i] != "{":
+        return None
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j].strip()
     return None
+
+
+def final_answer(response: str) -> str | None:
+    """The boxed answer a response gives: in the text after its thinking; None when it has none
+    (no box, an unclosed last box, or a response cut inside `<think>`)."""
+    close = response.rfind(THINK_CLOSE)
+    if close != -1:
+        return extract_boxed(response[close + len(THINK_CLOSE) :])
+    if THINK_OPEN in response:
+        return None  # still thinking when it ended: what it boxed there was a draft
+    return extract_boxed(response)
 
 
 def _parse_reference(reference: str, timeout: int) -> list[Any]:
@@ -136,7 +153,7 @@ class MathGrader:
     def grade_batch(self, references: Sequence[str], responses: Sequence[str]) -> list[Grade]:
         if len(references) != len(responses):
             raise ValueError(f"grade_batch: {len(references)} references but {len(responses)} responses")
-        answers = [extract_boxed(r) for r in responses]
+        answers = [final_answer(r) for r in responses]
         correct = [False] * len(responses)
         todo = [i for i, a in enumerate(answers) if a]
         # math-verify's own alarms fire at timeout_s per parse/verify; the outer deadline covers a

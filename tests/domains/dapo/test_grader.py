@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from distill.domains.dapo.grader import Grade, MathGrader, extract_boxed
+from distill.domains.dapo.grader import Grade, MathGrader, extract_boxed, final_answer
 
 
 @pytest.fixture(scope="module")
@@ -24,13 +24,39 @@ def grader() -> Iterator[MathGrader]:
         ("\\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
         ("nested \\boxed{a^{2}+\\sqrt{b}}", "a^{2}+\\sqrt{b}"),
         ("spaced \\boxed {7}", "7"),
-        ("closed earlier \\boxed{3} but the last is open \\boxed{4", "3"),
+        # The last box is the answer: unclosed (cut at the budget), it is no answer at all.
+        ("closed earlier \\boxed{3} but the last is open \\boxed{4", None),
+        ("\\boxed{3} then a malformed \\boxed 4", None),
         ("the answer is 42", None),
         ("\\boxed", None),
     ],
 )
 def test_extract_boxed(text: str, expected: str | None) -> None:
     assert extract_boxed(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<think>maybe \\boxed{3}</think> so \\boxed{4}", "4"),
+        # The thinking's boxes are drafts: after </think> only the final text counts.
+        ("<think>\\boxed{3}</think> the answer is 3", None),
+        # Cut inside the thinking: no final answer, whatever it boxed while thinking.
+        ("<think>first \\boxed{3}, let me check", None),
+        # A template that opens the thinking in the prompt: the response closes it.
+        ("so \\boxed{2}</think>\n\\boxed{5}", "5"),
+        ("no thinking at all \\boxed{7}", "7"),
+    ],
+)
+def test_final_answer_follows_the_thinking(text: str, expected: str | None) -> None:
+    assert final_answer(text) == expected
+
+
+def test_a_replaced_answer_cut_short_grades_as_no_answer(grader: MathGrader) -> None:
+    # The response boxed 42, went on to replace it and was cut inside the new box: not 42.
+    assert grader.grade("42", "\\boxed{42}. recheck \\boxed{4") == Grade(correct=False, formatted=False)
+    assert grader.grade("42", "<think>\\boxed{42}, but") == Grade(correct=False, formatted=False)
+    assert grader.grade("42", "<think>hmm</think>\\boxed{42}") == Grade(correct=True, formatted=True)
 
 
 def test_equivalent_forms_grade_correct(grader: MathGrader) -> None:
