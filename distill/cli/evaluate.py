@@ -79,8 +79,11 @@ def print_episodes(outcome: EvalOutcome, model: str) -> None:
     out.print(f"{outcome.benchmark}: {outcome.source}")
     m = outcome.result.metrics
     turns = getattr(outcome.domain_config, "max_turns", "?")
+    budget = outcome.sampling.episode_tokens
+    tokens = f"≤{budget} tokens an episode" if budget else f"≤{outcome.sampling.max_new_tokens} tokens a turn"
     table = Table(
-        title=f"{outcome.domain_config.name} {outcome.benchmark} eval of {model} (≤{turns} turns, greedy, thinking off)"
+        title=f"{outcome.domain_config.name} {outcome.benchmark} eval of {model} "
+        f"(≤{turns} turns, {tokens}, greedy, thinking off)"
     )
     for col in ("task", "items", "Score", "Success", "Pass(>0)"):
         table.add_column(col, justify="right" if col != "task" else "left")

@@ -164,12 +164,15 @@ def play(
     max_turns: TurnBudget | None = None,
     on_turn: Callable[[Episode], None] | None = None,
     progress: Callable[[int], None] | None = None,
+    max_tokens: int | None = None,
 ) -> list[Episode]:
     """Play one episode per item; episodes come back in item order, failed ones with `error`.
 
     `tokenizer` None plays text-only episodes (no token sequence); `gold` asks each reset for the
     scripted action sequence; `max_turns` overrides the domain's turn budget, as a number or
-    per episode (a gold replay's budget is its own script's length)."""
+    per episode (a gold replay's budget is its own script's length). `max_tokens` ends an episode
+    whose token sequence has reached it, with the score it has (AgentGym bounds a whole
+    conversation so, not each turn)."""
     envs = domain.envs()
     limit: TurnBudget = max_turns if max_turns is not None else domain.max_turns
     queue: deque[tuple[int, Task]] = deque(enumerate(items))
@@ -193,7 +196,7 @@ def play(
                 table.active[slot] = (position, ep)
         if table.active:
             _write_turns(domain, table, policy)
-            _step(domain, envs, table, limit, on_turn)
+            _step(domain, envs, table, limit, on_turn, max_tokens)
     return [table.done[i] for i in range(len(items))]
 
 
@@ -257,6 +260,7 @@ def _step(
     table: _Table,
     limit: TurnBudget,
     on_turn: Callable[[Episode], None] | None,
+    max_tokens: int | None = None,
 ) -> None:
     """Send every parsed action to its environment; record the observations; end episodes."""
     requests: list[tuple[int, str]] = []
@@ -267,7 +271,7 @@ def _step(
         last_turn = len(ep.turns) >= _budget(limit, ep)
         if turn.action is None:
             ep.invalid(domain.script, last=last_turn)
-            if last_turn:
+            if last_turn or _spent(ep, max_tokens):
                 table.finish(slot, position, ep)
             continue
         requests.append((slot, turn.action))
@@ -288,9 +292,13 @@ def _step(
         ep.done = reply.done
         last = ep.done or len(ep.turns) >= _budget(limit, ep)
         ep.add_observation(reply.observation, last=last, valid=reply.valid)
-        if last:
+        if last or _spent(ep, max_tokens):
             table.finish(slot, position, ep)
 
 
 def _budget(limit: TurnBudget, ep: Episode) -> int:
     return limit(ep) if callable(limit) else limit
+
+
+def _spent(ep: Episode, max_tokens: int | None) -> bool:
+    return max_tokens is not None and len(ep.ids) >= max_tokens

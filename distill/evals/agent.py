@@ -1,7 +1,9 @@
 """Multi-turn agent eval on any episodic domain: Score / Success / Pass(>0), and per task.
 
 One episode per item, played to the domain's turn budget with the eval's sampling (greedy by
-default) and `eval.max_new_tokens` per turn. Score is the mean reward of the final scores
+default) and `eval.max_new_tokens` per turn; with an episode budget (`episode_tokens`: AgentGym's
+4,096 tokens for a whole conversation) each turn gets at most what the episode has left, and the
+episode ends, with the score it has, once its conversation holds that many tokens. Score is the mean reward of the final scores
 (`EpisodicDomain.reward`: SciWorld's score / 100, -100 counting as 0 unless
 `negative_score="keep"`); Success is a solved task; Pass(>0) is a score above 0. An episode that
 failed (its environment died) counts as score 0 and is listed with its error. The AgentGym
@@ -13,8 +15,11 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from distill.engines.base import Completion
 from distill.episodes.episode import frame_for
 from distill.episodes.play import EngineAgent, play, single
 from distill.episodes.protocol import as_episodic
@@ -66,6 +71,32 @@ def summarize_episodes(
     return metrics
 
 
+class EpisodeBudget:
+    """An agent whose episodes share one token budget each (AgentGym's `max_length`): a turn gets
+    at most what its episode has left (and at most the sampling's own per-turn cap). The turns of
+    a batch are drawn with the largest budget among them and each is cut to its own; greedy turns
+    equal those drawn with their own budget, and a cut turn spends its episode, which then ends
+    (`play(max_tokens=...)`)."""
+
+    def __init__(self, agent: EngineAgent, tokens: int) -> None:
+        self.agent, self.tokens, self.writer = agent, tokens, agent.writer
+        self.per_turn = agent.sampling
+
+    def act(self, episodes: Sequence[Episode]) -> list[Completion]:
+        left = [max(1, self.tokens - len(ep.ids)) for ep in episodes]
+        cap = min(self.per_turn.max_new_tokens, max(left, default=1))
+        self.agent.sampling = replace(self.per_turn, max_new_tokens=cap)
+        out = self.agent.act(episodes)
+        return [self._cut(c, n) for c, n in zip(out, left, strict=True)]
+
+    def _cut(self, comp: Completion, budget: int) -> Completion:
+        if len(comp.ids) <= budget:
+            return comp
+        ids = comp.ids[:budget]
+        text = str(self.agent.engine.tokenizer.decode(ids, skip_special_tokens=True))
+        return Completion(ids=ids, text=text, truncated=True)
+
+
 def evaluate_agent(
     engine: Engine,
     domain: EpisodicDomain,
@@ -73,13 +104,25 @@ def evaluate_agent(
     config: EvalConfig,
     label: str = "eval",
     show_progress: bool = True,
+    episode_tokens: int | None = None,
 ) -> EvalResult:
-    """Play one episode per item (greedy at temperature 0) across the domain's envs and summarise."""
+    """Play one episode per item (greedy at temperature 0) across the domain's envs and summarise;
+    `episode_tokens`: the most tokens one episode's conversation may hold (None: no bound but the
+    model's context and each turn's `max_new_tokens`)."""
     agent = EngineAgent(engine, "student", config.sampling(), config.batch_size)
+    writer = agent if episode_tokens is None else EpisodeBudget(agent, episode_tokens)
     frame = frame_for(engine.tokenizer, engine.enable_thinking)
     start = time.perf_counter()
     with progress_bar(label, total=len(items), enabled=show_progress) as advance:
-        episodes = play(domain, items, single(agent), engine.tokenizer, frame, progress=advance)
+        episodes = play(
+            domain,
+            items,
+            single(writer),
+            engine.tokenizer,
+            frame,
+            progress=advance,
+            max_tokens=episode_tokens,
+        )
     seconds = time.perf_counter() - start
     metrics = summarize_episodes(episodes, domain, seconds)
     rows = []

@@ -6,14 +6,20 @@ sampling settings default to an eval protocol (`reference`: the reference docume
 on, temperature 0.7, top_p 0.95, 31,744 new tokens, n=16; `opsd`: n=12, temperature 1.0, 38,912
 tokens, thinking off). Settings given explicitly win over the protocol. On an episodic domain
 the eval is one greedy episode per item with thinking off (SciWorld's AgentGym protocol:
-`benchmark="agentgym"`, at most 20 turns). A checkpoint of a run is logged as a nested MLflow
-run under that run, in the store the run was logged to.
+`benchmark="agentgym"`: at most 20 turns and 4,096 tokens in a whole episode, each turn writing
+up to what is left, as AgentGym's `max_length` bounds a conversation). A checkpoint of a run is
+logged as a nested MLflow run under that run, in the store the run was logged to. Each
+evaluation writes its own per-item file under `<workspace>/evals/` (named after the benchmark,
+the run and checkpoint or model, k, the time and a random tag), so two runs' `step-N`, one model
+under two protocols, or two evals at once never share one.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -24,7 +30,9 @@ from distill.engines.context import check_budget
 from distill.engines.hf import HFEngine
 from distill.engines.placement import place, this_machine
 from distill.engines.templates import apply_chat_template
+from distill.episodes.protocol import as_episodic
 from distill.evals import evaluator_for
+from distill.evals.agent import evaluate_agent
 from distill.evals.overlong import fit_context, named
 from distill.tracking.mlflow import open_tracker
 from distill.tracking.rundir import RunDir
@@ -54,8 +62,12 @@ PROTOCOLS: dict[str, EvalProtocol] = {
     # opsd-self-distillation.md, AIME25 eval: --val-n 12 --max-tokens 38912 --temperature 1.0.
     "opsd": EvalProtocol(k=12, temperature=1.0, top_p=1.0, max_new_tokens=38912, enable_thinking=False),
 }
-# The AgentGym protocol's turn budget (SciWorld).
+# The AgentGym protocol on SciWorld as the reference documents run it: at most 20 turns (AgentGym's
+# own scripts give SciWorld 30), and AgentGym's bound on a whole conversation, 4,096 tokens
+# (its GenerationConfig(max_length=4096)), not a per-turn budget.
+AGENTGYM = "agentgym"
 AGENTGYM_MAX_TURNS = 20
+AGENTGYM_EPISODE_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,8 @@ class EvalSampling:
     top_p: float
     max_new_tokens: int
     enable_thinking: bool | None
+    # The most tokens one episode's whole conversation may hold (AgentGym); None: unbounded.
+    episode_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +179,10 @@ def episodic_sampling(req: EvalRequest) -> EvalSampling:
         raise ValueError(f"--thinking: the {req.domain} eval runs with thinking off")
     if req.protocol is not None:
         raise ValueError(f"--protocol sets math sampling; the {req.domain} eval has its own")
+    if req.benchmark == AGENTGYM:
+        # A turn may write all the episode has left; --max-new-tokens caps each turn below that.
+        budget = AGENTGYM_EPISODE_TOKENS
+        return EvalSampling(1, 0.0, 1.0, min(req.max_new_tokens or budget, budget), None, budget)
     return EvalSampling(1, 0.0, 1.0, req.max_new_tokens or 64, None)
 
 
@@ -288,11 +306,15 @@ def evaluate_model(
             overlong=req.overlong,
             **({"batch_size": req.batch_size} if req.batch_size is not None else {}),
         )
-        evaluate = evaluator_for(prep.domain)
-        result = evaluate(engine, prep.domain, items, eval_cfg, f"eval {req.model} on {bench}")
+        label = f"eval {req.model} on {bench}"
+        if prep.episodic:
+            episodic = as_episodic(prep.domain)
+            result = evaluate_agent(engine, episodic, items, eval_cfg, label, True, sampling.episode_tokens)
+        else:
+            result = evaluator_for(prep.domain)(engine, prep.domain, items, eval_cfg, label)
     finally:
         prep.domain.close()  # worker processes (the dapo grader, simulators) stop here
-    out = settings.workspace / "evals" / f"{bench}-{Path(req.model).name}-k{sampling.k}.jsonl"
+    out = result_file(settings.workspace, req.model, bench, sampling.k)
     result.write(out)
     run_id, parent = _log(req, bench, sampling, len(items), prep.source, result, out, settings)
     return EvalOutcome(
@@ -307,6 +329,20 @@ def evaluate_model(
         prep.domain_config,
         prep.episodic,
     )
+
+
+def model_label(model: str) -> str:
+    """How an eval names the model: a run's checkpoint by run and step (`<run>-step-200`: every
+    run's checkpoints are `step-N`), any other model by its folder or hub name."""
+    parent = training_run(model)
+    name = Path(model).name
+    return f"{parent.name}-{name}" if parent is not None else name
+
+
+def result_file(workspace: Path, model: str, bench: str, k: int) -> Path:
+    """The per-item results file of one evaluation: unique to it (time and a random tag)."""
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return workspace / "evals" / f"{bench}-{model_label(model)}-k{k}-{stamp}-{secrets.token_hex(3)}.jsonl"
 
 
 def _log(
@@ -325,7 +361,7 @@ def _log(
         parent.tracking_uri(settings) if parent else settings.resolved_tracking_uri,
         eval_experiment(req.model, req.experiment),
         settings.artifact_root,
-        run_name=f"eval-{bench}-{Path(req.model).name}",
+        run_name=f"eval-{bench}-{model_label(req.model)}",
         parent_run_id=parent.mlflow_run_id() if parent else None,
         tags={"domain": req.domain, "model": req.model, "kind": "eval", "benchmark": bench},
     )
@@ -335,12 +371,13 @@ def _log(
             "benchmark": bench,
             "data": req.data,
             "item_source": source[:250],
-            "protocol": req.protocol or ("reference" if req.benchmark and bench != "agentgym" else None),
+            "protocol": req.protocol or ("reference" if req.benchmark and bench != AGENTGYM else None),
             "k": sampling.k,
             "items": n_items,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "max_new_tokens": sampling.max_new_tokens,
+            "episode_tokens": sampling.episode_tokens,
             "enable_thinking": sampling.enable_thinking,
             "overlong": req.overlong,
             **{f"domain.{key}": value for key, value in req.domain_fields.items()},

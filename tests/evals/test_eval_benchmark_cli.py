@@ -87,7 +87,7 @@ def test_eval_benchmark_nested_under_training_run(tiny_zoo, tmp_path: Path) -> N
         child.data.metrics
     )
     assert [a.path for a in client.list_artifacts(child.info.run_id, "eval")]
-    rows = (ws / "evals").glob("aime25-step-2-k2.jsonl")
+    rows = (ws / "evals").glob("aime25-r1-step-2-k2-*.jsonl")
     [result] = [json.loads(line) for path in rows for line in path.read_text().splitlines()][:1]
     assert result["metrics"]["items"] == 3.0
 
