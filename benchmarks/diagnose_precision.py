@@ -145,7 +145,6 @@ PLANTS: tuple[Plant, ...] = (
         (*OPD, "teacher.engine=server", "teacher.url=http://127.0.0.1:8000"),
         ("teacher_reference_gap",),
         "a served teacher whose server holds another checkpoint than teacher.name",
-        needs="teacher/reference_gap",
         manual="needs a served teacher (`distill serve teacher`, vLLM: a GPU machine) started on another "
         "checkpoint; not plantable by config on a CPU",
     ),

@@ -29,7 +29,7 @@ def _load_all(refs: list[str]) -> list[RunRecord]:
 
 
 def diagnose_command(refs: list[str], fmt: str, plots: bool, mlflow: bool) -> int:
-    """Diagnose runs; returns the exit code (0 info only, 1 warnings, 2 errors).
+    """Diagnose runs; returns the exit code (0 info only, 1 warnings, 2 errors, 3 a rule crashed).
 
     Raises ValueError (RunNotReadable) for a run that cannot be found or read.
     """

@@ -2,17 +2,21 @@
 
     rec = load_run("20250101-rlve-opd")      # id, unique id prefix or path
     findings = diagnose(rec)                 # ranked, most severe first
-    exit_code(findings)                      # 0 info only, 1 warnings, 2 errors
+    exit_code(findings)                      # 0 info only, 1 warnings, 2 errors, 3 incomplete
 
 Rules are plain functions `RunRecord -> list[Finding]`, listed by `all_rules()` in the order a reader
-should meet them when severities tie: broken setup first, then supervision, then dynamics.
+should meet them when severities tie: broken setup first, then supervision, then dynamics. A rule
+that raises does not stop the others: it leaves a `rule_crashed:<rule>` warning, and the exit code
+is 3 (the diagnosis is incomplete: that rule might have found an error).
 """
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 
-from distill.diagnose.findings import Evidence, Finding, Fix, Severity, exit_code, rank
+from distill.diagnose.findings import CRASHED, INCOMPLETE, Evidence, Finding, Fix, Severity, exit_code, rank
 from distill.diagnose.records import RunNotReadable, RunRecord, Series, load_run
 from distill.diagnose.schedule import within_history
 
@@ -55,23 +59,31 @@ def diagnose(rec: RunRecord, only: list[Rule] | None = None) -> list[Finding]:
         try:
             findings += rule(rec)
         except Exception as exc:  # odd data must not hide the other rules' findings
-            findings.append(
-                Finding(
-                    name=f"rule_crashed:{rule.__name__}",
-                    severity=Severity.INFO,
-                    title=f"rule {rule.__name__} could not run: {type(exc).__name__}: {exc}",
-                    evidence=[],
-                    why="A record this rule reads has an unexpected shape; the other rules still ran.",
-                )
-            )
+            findings.append(_crash(rule, exc))
     # Whatever a rule wrote, no fix suggests an lr above the run's own highest (schedule.py).
     return rank(within_history(rec, findings))
+
+
+def _crash(rule: Rule, exc: Exception) -> Finding:
+    """What a rule that raised leaves: a warning, never a silent info (what it would have found
+    is unknown, an error included)."""
+    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    return Finding(
+        name=f"{CRASHED}:{rule.__name__}",
+        severity=Severity.WARNING,
+        title=f"rule {rule.__name__} crashed: {type(exc).__name__}: {exc}; the diagnosis is incomplete",
+        evidence=[Evidence("raised at", f"{Path(where.filename).name}:{where.lineno}")] if where else [],
+        why="A record this rule reads has a shape it does not handle, so what it checks was not checked; "
+        "the other rules still ran, and the exit code is 3.",
+        advice="report it with the run's config.yaml and metrics.jsonl",
+    )
 
 
 __all__ = [
     "Evidence",
     "Finding",
     "Fix",
+    "INCOMPLETE",
     "RunNotReadable",
     "RunRecord",
     "Series",

@@ -6,11 +6,14 @@ groups and computes one signal per group. Its step metrics say how fine that is:
 `kl/aligned_share` (share of student tokens in groups of <= 2 tokens a side),
 `bridge/seam_failure_rate` (share of samples whose conversion was not lossless: masked out), and
 the group-size figures `kl/one_to_one_share`, `kl/max_group_student`, `kl/max_group_teacher`.
-A same-family run logs none of them, and these rules stay silent on it.
+A same-family run logs none of them, and these rules stay silent on it. A run over several
+domains logs them per domain (`kl/<domain>/aligned_share`, ...): each domain's teacher is judged on
+its own rows, its findings named `alignment_coarse:<domain>`, `seam_failures:<domain>`.
 """
 
 from __future__ import annotations
 
+from distill.diagnose.domains import parts
 from distill.diagnose.findings import Evidence, Finding, Fix, Severity, pct
 from distill.diagnose.records import RunRecord
 
@@ -33,6 +36,12 @@ GROUP_KEYS = (
 )
 
 
+def key_of(key: str, part: str) -> str:
+    """`kl/aligned_share` as one domain of a mixed run logs it: `kl/<part>/aligned_share`."""
+    head, _, tail = key.partition("/")
+    return f"{head}/{part}/{tail}" if part else key
+
+
 def _evidence(rec: RunRecord, keys: tuple[str, ...]) -> list[Evidence]:
     """Each logged key over the run (a property of the pair and the texts it writes); shares in %."""
     out = []
@@ -47,7 +56,7 @@ def _evidence(rec: RunRecord, keys: tuple[str, ...]) -> list[Evidence]:
     return out
 
 
-def _coarse(rec: RunRecord, share: float, evidence: list[Evidence]) -> Finding:
+def _coarse(rec: RunRecord, part: str, share: float, evidence: list[Evidence]) -> Finding:
     fixes = []
     if rec.cfg("method.group_advantage") == "last":
         fixes.append(
@@ -59,26 +68,26 @@ def _coarse(rec: RunRecord, share: float, evidence: list[Evidence]) -> Finding:
             )
         )
     return Finding(
-        name="alignment_coarse",
+        name=f"alignment_coarse:{part}" if part else "alignment_coarse",
         severity=Severity.WARNING,
-        title=f"cross-family alignment is coarse: {pct(share)} of student tokens in groups of <= 2 "
-        f"tokens a side (threshold {pct(ALIGNED_SHARE_WARN)})",
+        title=f"{_where(part)}cross-family alignment is coarse: {pct(share)} of student tokens in groups "
+        f"of <= 2 tokens a side (threshold {pct(ALIGNED_SHARE_WARN)})",
         evidence=evidence,
         why="The teacher's signal exists per byte group, not per token: where the two tokenizers split "
         "the same text differently, several student tokens share one group logprob and one advantage, "
         "so OPD cannot tell which of them the teacher disagrees with.",
         fixes=fixes,
-        advice="Use a teacher whose tokenizer is closer to the student's (`distill bridge check --student "
-        "S --teacher T` prints a pair's granularity before a run), or `--method rose`, which trains on "
-        "the teacher's continuation re-encoded in the student's tokens and needs no alignment.",
+        advice=f"Use a teacher whose tokenizer is closer to the student's{_for(part)} (`distill bridge check "
+        "--student S --teacher T` prints a pair's granularity before a run), or `--method rose`, which "
+        "trains on the teacher's continuation re-encoded in the student's tokens and needs no alignment.",
     )
 
 
-def _seams(rate: float, evidence: list[Evidence]) -> Finding:
+def _seams(part: str, rate: float, evidence: list[Evidence]) -> Finding:
     return Finding(
-        name="seam_failures",
+        name=f"seam_failures:{part}" if part else "seam_failures",
         severity=Severity.WARNING,
-        title=f"{pct(rate)} of cross-family samples were seam failures and masked out "
+        title=f"{_where(part)}{pct(rate)} of cross-family samples were seam failures and masked out "
         f"(threshold {pct(SEAM_FAILURE_WARN)})",
         evidence=evidence,
         why="A sample whose text does not cross to the teacher's tokens losslessly (a special token the "
@@ -86,34 +95,53 @@ def _seams(rate: float, evidence: list[Evidence]) -> Finding:
         "samples are not random, so that kind of text is never trained.",
         advice="Run `distill bridge check --student S --teacher T`: it names the first failing text. A "
         "dropped special needs a teacher counterpart with the same role or name; otherwise use a "
-        "teacher with a closer tokenizer or `--method rose`.",
+        f"teacher with a closer tokenizer{_for(part)} or `--method rose`.",
     )
 
 
+def _where(part: str) -> str:
+    return f"{part}: " if part else ""
+
+
+def _for(part: str) -> str:
+    return f" (teachers.{part}.name)" if part else ""
+
+
 def alignment(rec: RunRecord) -> list[Finding]:
-    aligned, seams = rec.get("kl/aligned_share"), rec.get("bridge/seam_failure_rate")
+    """The run's cross-family pair; in a run over several domains, each domain's teacher on its
+    own rows (a mixed run logs these figures per domain only, methods/batch.py `per_part`)."""
+    names = parts(rec)
+    findings: list[Finding] = []
+    for part in ["", *(names if len(names) > 1 else [])]:
+        findings += _pair(rec, part)
+    return findings
+
+
+def _pair(rec: RunRecord, part: str) -> list[Finding]:
+    aligned_key, seams_key = key_of("kl/aligned_share", part), key_of("bridge/seam_failure_rate", part)
+    aligned, seams = rec.get(aligned_key), rec.get(seams_key)
     if aligned is None and seams is None:
         return []  # same-family, or a method without the cross-family path
     share = aligned.mean() if aligned is not None else 1.0
     rate = seams.mean() if seams is not None else 0.0
     head = [
-        Evidence("kl/aligned_share (mean)", pct(share), aligned.span() if aligned is not None else ""),
-        Evidence("bridge/seam_failure_rate (mean)", pct(rate), seams.span() if seams is not None else ""),
+        Evidence(f"{aligned_key} (mean)", pct(share), aligned.span() if aligned is not None else ""),
+        Evidence(f"{seams_key} (mean)", pct(rate), seams.span() if seams is not None else ""),
     ]
-    evidence = head + _evidence(rec, GROUP_KEYS)
+    evidence = head + _evidence(rec, tuple(key_of(key, part) for key in GROUP_KEYS))
     findings = []
     if share < ALIGNED_SHARE_WARN:
-        findings.append(_coarse(rec, share, evidence))
+        findings.append(_coarse(rec, part, share, evidence))
     if rate > SEAM_FAILURE_WARN:
-        findings.append(_seams(rate, evidence))
+        findings.append(_seams(part, rate, evidence))
     if findings:
         return findings
     return [
         Finding(
-            name="alignment",
+            name=f"alignment:{part}" if part else "alignment",
             severity=Severity.INFO,
-            title=f"cross-family alignment: {pct(share)} of student tokens in groups of <= 2 tokens a side, "
-            f"{pct(rate)} of samples seam failures",
+            title=f"{_where(part)}cross-family alignment: {pct(share)} of student tokens in groups of <= 2 "
+            f"tokens a side, {pct(rate)} of samples seam failures",
             evidence=evidence,
             why="The teacher's signal is per byte group; groups this fine give it nearly per token.",
         )

@@ -7,6 +7,12 @@ from dataclasses import asdict, dataclass, field
 from enum import IntEnum
 from typing import Any
 
+# The exit code of a diagnosis a rule could not finish: above every severity, because the rule that
+# crashed might have found an error; the findings the other rules made still stand.
+INCOMPLETE = 3
+# The name of the finding a crashed rule leaves (`rule_crashed:<rule>`).
+CRASHED = "rule_crashed"
+
 
 class Severity(IntEnum):
     # The value is the CLI exit code a finding of this severity maps to (CI gates on it).
@@ -72,7 +78,15 @@ def rank(findings: list[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: -int(f.severity))
 
 
+def crashed(findings: list[Finding]) -> list[str]:
+    """The rules that crashed instead of judging the run (their findings are `rule_crashed:<rule>`)."""
+    return [f.name.partition(":")[2] for f in findings if f.name.partition(":")[0] == CRASHED]
+
+
 def exit_code(findings: list[Finding]) -> int:
+    """0 nothing above info, 1 warnings, 2 errors; INCOMPLETE (3) when a rule crashed."""
+    if crashed(findings):
+        return INCOMPLETE
     return max((int(f.severity) for f in findings), default=0)
 
 

@@ -37,35 +37,47 @@ def _failed_checks(node: Any, path: str = "") -> list[str]:
     return out
 
 
-def _check(rec: RunRecord, name: str) -> dict[str, Any] | None:
-    checks = (rec.preflight or {}).get("checks")
-    entry = checks.get(name) if isinstance(checks, dict) else None
-    return entry if isinstance(entry, dict) else None
+def teacher_sides(rec: RunRecord) -> list[tuple[str, Any]]:
+    """(config section, its enable_thinking) of each teacher: `teachers.<domain>` for a run with a
+    teacher per domain (its `teacher` is then a placeholder nothing renders with), else `teacher`."""
+    teachers = rec.cfg("teachers")
+    if isinstance(teachers, dict) and teachers:
+        return [
+            (f"teachers.{d}", t.get("enable_thinking") if isinstance(t, dict) else None)
+            for d, t in teachers.items()
+        ]
+    return [("teacher", rec.cfg("teacher.enable_thinking"))]
 
 
 def thinking(rec: RunRecord) -> list[Finding]:
-    s_think, t_think = rec.cfg("student.enable_thinking"), rec.cfg("teacher.enable_thinking")
-    if s_think == t_think:
-        return []
-    explicit = s_think is not None and t_think is not None
-    value = s_think if s_think is not None else t_think
-    side = "teacher" if s_think is not None else "student"
-    return [
-        Finding(
-            name="thinking_mismatch",
-            severity=Severity.ERROR if explicit else Severity.WARNING,
-            title=f"thinking mode differs: student {s_think}, teacher {t_think}"
-            + ("" if explicit else " (None: the model family's default)"),
-            evidence=[
-                Evidence("student.enable_thinking", str(s_think)),
-                Evidence("teacher.enable_thinking", str(t_think)),
-            ],
-            why="Student and teacher render the chat template differently (one opens a <think> block, the other "
-            "does not): the teacher scores or continues text in a format it was not prompted for, so the "
-            "signal measures the format gap, not the reasoning.",
-            fixes=[Fix(f"{side}.enable_thinking", str(value).lower(), "the same mode on both sides")],
+    s_think = rec.cfg("student.enable_thinking")
+    sides = teacher_sides(rec)
+    out = []
+    for section, t_think in sides:
+        if s_think == t_think:
+            continue
+        explicit = s_think is not None and t_think is not None
+        value = s_think if s_think is not None else t_think
+        fix_side = section if s_think is not None else "student"
+        domain = section.partition(".")[2]
+        whose = f"{domain}'s teacher" if domain else "teacher"
+        out.append(
+            Finding(
+                name=f"thinking_mismatch:{domain}" if domain else "thinking_mismatch",
+                severity=Severity.ERROR if explicit else Severity.WARNING,
+                title=f"thinking mode differs: student {s_think}, {whose} {t_think}"
+                + ("" if explicit else " (None: the model family's default)"),
+                evidence=[
+                    Evidence("student.enable_thinking", str(s_think)),
+                    Evidence(f"{section}.enable_thinking", str(t_think)),
+                ],
+                why="Student and teacher render the chat template differently (one opens a <think> block, "
+                "the other does not): the teacher scores or continues text in a format it was not prompted "
+                "for, so the signal measures the format gap, not the reasoning.",
+                fixes=[Fix(f"{fix_side}.enable_thinking", str(value).lower(), "the same mode on both sides")],
+            )
         )
-    ]
+    return out
 
 
 def template_text(rec: RunRecord, side: str) -> tuple[str | None, str]:
@@ -105,7 +117,7 @@ def template(rec: RunRecord) -> list[Finding]:
     # renders the prompt differently scores the tokens in a context it never saw.
     if rec.teacher_role != "scores":
         return []
-    check = _check(rec, "chat_template")
+    check = rec.preflight_check("chat_template")
     if check is not None and check.get("ok") is not False:
         return []  # compared token for token and equal
     models = rec.manifest.get("models", {})

@@ -163,6 +163,25 @@ class RunRecord:
             node = node[part]
         return node
 
+    def preflight_check(self, name: str) -> dict[str, Any] | None:
+        """The preflight check `name` (`preflight.json` `checks.<name>`); a run over several domains
+        keeps each domain's report under `parts.<domain>`: the first that failed (its detail led by
+        the domain), else the first found. None when no report holds the check."""
+        pre = self.preflight or {}
+        reports = [("", pre)]
+        parts = pre.get("parts")
+        if isinstance(parts, dict):
+            reports += [(str(d), r) for d, r in parts.items() if isinstance(r, dict)]
+        found = []
+        for domain, report in reports:
+            checks = report.get("checks")
+            entry = checks.get(name) if isinstance(checks, dict) else None
+            if isinstance(entry, dict):
+                found.append(
+                    entry if not domain else {**entry, "detail": f"{domain}: {entry.get('detail', '')}"}
+                )
+        return next((e for e in found if e.get("ok") is False), found[0] if found else None)
+
     def get(self, key: str) -> Series | None:
         """A metric's finite points, or None when it was never logged (or never finite)."""
         s = self.series.get(key)

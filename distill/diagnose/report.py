@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from distill.diagnose.findings import Finding, Severity, exit_code
+from distill.diagnose.findings import Finding, Severity, crashed, exit_code
 from distill.diagnose.records import RunRecord
 
 STYLE = {
@@ -59,6 +59,8 @@ class Report:
             **self.header(),
             "exit_code": self.exit_code,
             "counts": self.counts(),
+            # Rules that crashed: their checks were not made (exit code 3).
+            "incomplete": crashed(self.findings),
             "findings": [f.to_dict() for f in self.findings],
             "plots": [str(p) for p in self.plots],
             "mlflow": self.mlflow,
@@ -70,7 +72,11 @@ def _count_line(report: Report) -> str:
     parts = [
         f"{n} {label}{'s' if n != 1 and label != 'info' else ''}" for label, n in report.counts().items() if n
     ]
-    return ", ".join(parts) or "no findings"
+    line = ", ".join(parts) or "no findings"
+    rules = crashed(report.findings)
+    if rules:
+        line += f"; incomplete: {', '.join(rules)} crashed"
+    return line
 
 
 def to_markdown(report: Report) -> str:

@@ -7,10 +7,11 @@
 - the advantage clamp (`method.advantage_clip`) binding on most tokens, `kl/clip_share`: the
   per-token signal becomes +-clip, its size is lost (verl's clamped top-k KL: 89% of steps
   clamped, RFC 7856);
-- the teacher's scoring engine disagreeing with an in-process reference pass of the same model,
-  `teacher/reference_gap` and the preflight's `teacher_reference` (vLLM vs transformers logprobs
-  differ by up to ~0.3 nats in bf16, vllm #18352; a different checkpoint or tokenizer behind a
-  served endpoint differs by nats on every token; SkyRL refuses to train on such a teacher);
+- a served teacher's scoring engine disagreeing with an in-process reference pass of the same
+  model: the preflight's `teacher_reference` check and the gap it measured before step 1,
+  `preflight.json` `checks.teacher_reference.value` (vLLM vs transformers logprobs differ by up
+  to ~0.3 nats in bf16, vllm #18352; a different checkpoint or tokenizer behind a served
+  endpoint differs by nats on every token; SkyRL refuses to train on such a teacher);
 - sampled token ids outside the tokenizer's vocabulary, `student/out_of_vocab_rate` (the padded
   rows of a Qwen head: vLLM #13175, NeMo-RL #237, rllm #751 dropped such trajectories).
 
@@ -20,7 +21,6 @@ Each rule is silent when its metric was not logged: a method logs the keys that 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
@@ -49,9 +49,10 @@ def _aligned_ratio(s: Series, t: Series | None) -> Series:
     without a teacher series)."""
     if t is None:
         return s
+    # A step that scored no token (every sample masked, e.g. seam failures) logs neither mass
+    # (methods/scoring.py KLMeter): it is not among the common steps. The teacher's mass on its
+    # own top-k is never 0 where a token was scored: a 0 is no figure either, not a collapse.
     common, si, ti = np.intersect1d(s.steps, t.steps, return_indices=True)
-    # A step whose teacher mass is 0 scored no token (every sample masked, e.g. seam failures):
-    # its 0/0 is no evidence of a collapse.
     scored = t.values[ti] > 0
     ratio = s.values[si][scored] / t.values[ti][scored]
     return Series("student / teacher top-k mass", common[scored], ratio)
@@ -161,35 +162,29 @@ def clamp_share(rec: RunRecord) -> list[Finding]:
     ]
 
 
-def _reference_check(rec: RunRecord) -> dict[str, Any] | None:
-    checks = (rec.preflight or {}).get("checks")
-    entry = checks.get("teacher_reference") if isinstance(checks, dict) else None
-    return entry if isinstance(entry, dict) else None
-
-
 def reference_gap(rec: RunRecord) -> list[Finding]:
-    s, check = rec.get("teacher/reference_gap"), _reference_check(rec)
-    if s is None and check is None:
-        return []
-    gap = s.max() if s is not None else math.nan
-    failed = check is not None and check.get("ok") is False
+    check = rec.preflight_check("teacher_reference")
+    if check is None:
+        return []  # no served teacher, or preflight off
+    value = check.get("value")
+    gap = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+    failed = check.get("ok") is False
     if gap >= REFERENCE_GAP_ERROR:
         severity = Severity.ERROR
     elif gap >= REFERENCE_GAP_WARN or failed:
         severity = Severity.WARNING
     else:
         return []
-    evidence = []
-    if s is not None:
-        evidence.append(
-            Evidence(
-                "teacher/reference_gap", gap, s.span(), "max |delta logprob|, scoring engine vs reference"
-            )
+    evidence = [
+        Evidence(
+            "preflight.json teacher_reference",
+            "failed" if failed else "passed",
+            note=str(check.get("detail", ""))[:300],
         )
-    if check is not None:
-        state = "failed" if failed else "passed"
+    ]
+    if math.isfinite(gap):
         evidence.append(
-            Evidence("preflight.json teacher_reference", state, note=str(check.get("detail", ""))[:300])
+            Evidence("max |delta logprob|", gap, note="nats per token, scoring engine vs reference")
         )
     kl = rec.get("kl/reverse_kl_mean")
     if kl is not None:

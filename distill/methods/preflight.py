@@ -50,6 +50,8 @@ class PreflightReport:
     side_by_side: str
     checks: list[tuple[str, str]] = field(default_factory=list)  # (name, outcome) of passed checks
     failed: tuple[str, str] | None = None  # (name, message) of the check that stopped the run
+    # A check's measured number, passed or failed (teacher reference: max |delta logprob|, nats).
+    values: dict[str, float] = field(default_factory=dict)
 
     def render(self) -> str:
         lines = [self.side_by_side, ""]
@@ -75,6 +77,8 @@ class PreflightReport:
         checks: dict[str, Any] = {_key(n): {"ok": True, "detail": o} for n, o in self.checks}
         if self.failed is not None:
             checks[_key(self.failed[0])] = {"ok": False, "detail": self.failed[1]}
+        for name, value in self.values.items():
+            checks[_key(name)]["value"] = value
         return {"checks": checks, "prompts": self.side_by_side}
 
 
@@ -278,10 +282,13 @@ def preflight_report(
     teacher: Engine,
     run: RunDir | None = None,
     reference: Callable[[], Engine | None] | None = None,
+    part: str | None = None,
 ) -> PreflightReport | None:
     """The pre-training checks of a run's method (None: nothing to check). `run` keeps the report,
     passed or failed, as `preflight.json` (diagnose's `preflight_failed` reads it). `reference`:
-    loads the served teacher's weights here for the `teacher reference` check (None: no server)."""
+    loads the served teacher's weights here for the `teacher reference` check (None: no server).
+    `part`: the domain of a run over several whose teacher this checks (its report goes under
+    `parts.<part>`, beside the other domains')."""
     view = teacher_view(config, domain)
     if not config.preflight or view is None:
         return None
@@ -295,16 +302,29 @@ def preflight_report(
         if registry.method_entry(config.method.name).teacher == "scores":
             report.run("vocabulary", lambda: vocabulary(student, teacher, cross))
         if reference is not None:
-            report.run("teacher reference", lambda: reference_check(teacher, reference(), student, items))
+            report.run(
+                "teacher reference", lambda: reference_check(teacher, reference(), student, items, report)
+            )
         if cross:
             report.run("aligned groups", lambda: aligned_groups(student, teacher, items[0]))
     except PreflightError as exc:
         if run is not None and exc.report is not None:
-            run.write_preflight(exc.report.to_json())
+            keep_report(run, exc.report, part)
         raise
     if run is not None:
-        run.write_preflight(report.to_json())
+        keep_report(run, report, part)
     return report
+
+
+def keep_report(run: RunDir, report: PreflightReport, part: str | None) -> None:
+    """`preflight.json`: one domain's report as the file; in a run over several domains, each
+    domain's under `parts.<domain>` (a domain checked later never replaces an earlier one's)."""
+    if part is None:
+        run.write_preflight(report.to_json())
+        return
+    kept = run.read_preflight()
+    kept.setdefault("parts", {})[part] = report.to_json()
+    run.write_preflight(kept)
 
 
 def vocabulary(student: Engine, teacher: Engine, cross: bool) -> str:
@@ -343,11 +363,21 @@ def reference_gap(scoring: Engine, reference: Engine, student: Engine, items: Se
     return float(gap_B_T.max()) if gap_B_T.numel() else 0.0
 
 
-def reference_check(scoring: Engine, reference: Engine | None, student: Engine, items: Sequence[Item]) -> str:
-    """The `teacher reference` check: a served teacher against its weights loaded here."""
+def reference_check(
+    scoring: Engine,
+    reference: Engine | None,
+    student: Engine,
+    items: Sequence[Item],
+    report: PreflightReport | None = None,
+) -> str:
+    """The `teacher reference` check: a served teacher against its weights loaded here. The gap
+    goes into `report`'s values (`preflight.json` `checks.teacher_reference.value`, what
+    diagnose's `teacher_reference_gap` reads), passed or failed."""
     if reference is None:
         return f"skipped: the teacher's weights are not a local folder under {REFERENCE_MAX_BYTES / 2**30:.0f} GiB"
     gap = reference_gap(scoring, reference, student, items)
+    if report is not None:
+        report.values["teacher reference"] = gap
     if gap >= REFERENCE_REFUSE:
         raise PreflightError(
             f"teacher reference: the served teacher's logprobs differ from {reference_name(reference)} loaded "

@@ -67,3 +67,27 @@ def test_same_family_runs_get_nothing_and_the_rule_is_registered(make_run: MakeR
     make_run("cross", metrics=healthy_metrics() + _cross(0.5, 0.0))
     names = [f.name for f in diagnose(load_run("cross"))]
     assert "alignment_coarse" in names and not any(n.startswith("rule_crashed") for n in names)
+
+
+def test_a_run_over_several_domains_is_judged_per_domain(make_run: MakeRun) -> None:
+    # A mixed run logs the cross-family figures of its crossing teacher per domain only
+    # (methods/batch.py `per_part`): dapo's teacher of another family, rlve's of the student's.
+    rows = series_rows(
+        10,
+        kl__dapo__aligned_share=lambda s: 0.5,
+        bridge__dapo__seam_failure_rate=lambda s: 0.2,
+        kl__dapo__max_group_student=lambda s: float(s),
+        kl__reverse_kl_mean=lambda s: 0.3,
+    )
+    make_run("mix", config={"domain.name": "rlve+dapo"}, metrics=healthy_metrics() + rows)
+    found = alignment(load_run("mix"))
+    assert [(f.name, f.severity) for f in found] == [
+        ("alignment_coarse:dapo", Severity.WARNING),
+        ("seam_failures:dapo", Severity.WARNING),
+    ]
+    assert found[0].title.startswith("dapo: ") and "teachers.dapo.name" in found[0].advice
+    evidence = {e.source: e.value for e in found[0].evidence}
+    assert evidence["kl/dapo/aligned_share (mean)"] == "50.0%"
+    assert evidence["kl/dapo/max_group_student (max)"] == 10.0
+    names = [f.name for f in diagnose(load_run("mix"))]
+    assert {"alignment_coarse:dapo", "seam_failures:dapo"} <= set(names)

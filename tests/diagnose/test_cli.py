@@ -130,3 +130,26 @@ def test_runs_filters_and_sorts(make_run: MakeRun) -> None:
     assert "no runs match the filters (4 runs in all)" in table.stdout
     bad = runner.invoke(app, ["runs", "--sort", "vibes"])
     assert bad.exit_code == 2 and "unknown --sort" in bad.stderr
+
+
+def test_a_crashing_rule_is_a_warning_and_the_diagnosis_incomplete(
+    three_runs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import distill.diagnose as diagnosis
+
+    rules = diagnosis.all_rules()
+
+    def fragile(rec):  # a rule meeting a record it does not handle
+        return [rec.summary["no such key"]]
+
+    monkeypatch.setattr(diagnosis, "all_rules", lambda: [fragile, *rules])
+    result = runner.invoke(app, ["diagnose", "bad", "--format", "json", "--no-plots", "--no-mlflow"])
+    assert result.exit_code == 3, result.output  # incomplete, above the run's own error
+    [run] = json.loads(result.stdout)["runs"]
+    assert run["exit_code"] == 3 and run["incomplete"] == ["fragile"]
+    severities = {f["name"]: f["severity"] for f in run["findings"]}
+    assert severities["rule_crashed:fragile"] == "warning"
+    assert severities["thinking_mismatch"] == "error"  # the other rules still ran
+    text = runner.invoke(app, ["diagnose", "good", "--no-plots", "--no-mlflow"])
+    assert text.exit_code == 3 and "incomplete: fragile crashed" in text.stdout
+    assert "rule fragile crashed: KeyError" in text.stdout

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from distill.diagnose import Severity, diagnose, load_run
-from distill.diagnose.pairing import pairing, same_model, template
+from distill.diagnose.pairing import pairing, same_model, template, thinking
 
 from .conftest import MakeRun
 from .fake_runs import series_rows
@@ -97,3 +97,33 @@ def test_template_failed_in_preflight_is_one_finding(make_run: MakeRun, tmp_path
     [f] = [x for x in diagnose(rec) if x.name == "template_mismatch"]
     assert [x.override for x in f.fixes] == [f"teacher.chat_template={other}"]
     assert {"run_failed", "template_mismatch"} <= {x.name for x in diagnose(rec)}
+
+
+def test_thinking_is_compared_with_each_domains_teacher(make_run: MakeRun) -> None:
+    # A run with a teacher per domain: `teacher` is a placeholder nothing renders with.
+    mix = {"domain.name": "rlve+dapo", "student.enable_thinking": False}
+
+    def teachers(rlve: bool | None, dapo: bool | None) -> dict:
+        return {
+            "teachers": {
+                "rlve": {"name": "zoo:teacher", "enable_thinking": rlve},
+                "dapo": {"name": "zoo:teacher-llama", "enable_thinking": dapo},
+            }
+        }
+
+    make_run("agree", config={**mix, **teachers(False, False)})
+    assert thinking(load_run("agree")) == []  # the placeholder's None is not compared
+    make_run("dapo-thinks", config={**mix, **teachers(False, True)})
+    [f] = thinking(load_run("dapo-thinks"))
+    assert (f.name, f.severity) == ("thinking_mismatch:dapo", Severity.ERROR)
+    assert "dapo's teacher True" in f.title
+    assert [x.override for x in f.fixes] == ["teachers.dapo.enable_thinking=false"]
+    # One side the family's default: a warning, the fix on the side that was set.
+    make_run("default", config={**mix, "student.enable_thinking": None, **teachers(None, True)})
+    [f] = thinking(load_run("default"))
+    assert (f.name, f.severity) == ("thinking_mismatch:dapo", Severity.WARNING)
+    assert [x.override for x in f.fixes] == ["student.enable_thinking=true"]
+    # One domain, one teacher: as before.
+    make_run("one", config={"student.enable_thinking": True, "teacher.enable_thinking": False})
+    [f] = thinking(load_run("one"))
+    assert f.name == "thinking_mismatch" and f.fixes[0].override == "teacher.enable_thinking=true"

@@ -73,17 +73,23 @@ def test_topk_mass_collapse_in_the_first_update(make_run: MakeRun) -> None:
 
 
 def test_topk_steps_that_scored_nothing_are_no_collapse(make_run: MakeRun) -> None:
-    # Every sample of an odd step masked out (seam failures): both masses are logged as 0.
-    make_run(
-        "empty",
-        config=TOPK,
-        metrics=series_rows(
-            30,
-            kl__student_topk_mass=lambda s: 0.0 if s % 2 == 0 else 0.95,
-            kl__teacher_topk_mass=lambda s: 0.0 if s % 2 == 0 else 0.99,
-        ),
-    )
-    assert topk_mass(load_run("empty")) == []
+    # Every sample of an even step masked out (seam failures): KLMeter logs no top-k mass for it,
+    # only the step's other figures.
+    rows = series_rows(30, train__loss=lambda s: 1.0)
+    for row in rows:
+        if row["step"] % 2:
+            row.update({"kl/student_topk_mass": 0.95, "kl/teacher_topk_mass": 0.99})
+    make_run("empty", config=TOPK, metrics=rows)
+    rec = load_run("empty")
+    assert len(rec.get("kl/student_topk_mass") or []) == 15
+    assert topk_mass(rec) == []
+    # The same gaps around a real collapse still show it.
+    for row in rows:
+        if row["step"] > 10 and "kl/student_topk_mass" in row:
+            row["kl/student_topk_mass"] = 0.1
+    make_run("empty-collapse", config=TOPK, metrics=rows)
+    [f] = topk_mass(load_run("empty-collapse"))
+    assert f.severity is Severity.ERROR
 
 
 def test_topk_mass_rising_toward_the_teacher_is_quiet(make_run: MakeRun) -> None:
@@ -119,31 +125,44 @@ def test_clamp_binding_on_most_tokens(make_run: MakeRun) -> None:
     assert clamp_share(load_run("rare")) == []
 
 
-def test_reference_gap_tiers_and_preflight(make_run: MakeRun) -> None:
-    def gap(value: float) -> list[dict]:
-        return [
-            {"step": 0, "teacher/reference_gap": value},
-            *series_rows(3, kl__reverse_kl_mean=lambda s: 0.4),
-        ]
+def _reference(ok: bool, gap: float | None, detail: str = "") -> dict:
+    """`preflight.json` as a run with a served teacher writes it (methods/preflight.py)."""
+    entry: dict = {"ok": ok, "detail": detail or f"max |delta logprob| {gap} (served vs in-process)"}
+    if gap is not None:
+        entry["value"] = gap
+    return {"checks": {"teacher_reference": entry}}
 
-    make_run("bf16", config={"teacher.engine": "hf"}, metrics=gap(0.3))
+
+def test_reference_gap_tiers_and_preflight(make_run: MakeRun) -> None:
+    kl = series_rows(3, kl__reverse_kl_mean=lambda s: 0.4)
+    make_run("bf16", config={"teacher.engine": "server"}, metrics=kl, preflight=_reference(True, 0.3))
     assert reference_gap(load_run("bf16")) == []  # precision, not a different model
-    make_run("off", metrics=gap(1.7))
+    make_run("off", metrics=kl, preflight=_reference(False, 1.7))
     [f] = reference_gap(load_run("off"))
     assert f.severity is Severity.WARNING and "1.7 nats" in f.title
     assert {e.source: e.value for e in f.evidence}["kl/reverse_kl_mean"] == pytest.approx(0.4)
-    make_run(
-        "other",
-        metrics=gap(9.2),
-        preflight={"checks": {"teacher_reference": {"ok": False, "detail": "max gap 9.2 at token 3"}}},
-    )
+    make_run("other", metrics=kl, preflight=_reference(False, 9.2))
     found = diagnose(load_run("other"))
     [f] = [x for x in found if x.name == "teacher_reference_gap"]
     assert f.severity is Severity.ERROR
     assert "preflight_failed" not in [x.name for x in found]  # reported once, with its number
-    make_run("only-check", preflight={"checks": {"teacher_reference": {"ok": False, "detail": "differs"}}})
+    make_run("only-check", preflight=_reference(False, None, "differs"))
     [f] = reference_gap(load_run("only-check"))
     assert f.severity is Severity.WARNING and "preflight" in f.title
+    # A run over several domains keeps each domain's report: the failing one is found.
+    make_run(
+        "parts",
+        config={"domain.name": "rlve+dapo"},
+        preflight={
+            "parts": {"rlve": _reference(True, 0.01), "dapo": _reference(False, 6.0, "another model")}
+        },
+    )
+    [f] = reference_gap(load_run("parts"))
+    assert f.severity is Severity.ERROR
+    assert {e.source: e.note for e in f.evidence}["preflight.json teacher_reference"] == "dapo: another model"
+    # No check (no served teacher): the rule reads the preflight, never a step metric.
+    make_run("no-check", metrics=[{"step": 0, "teacher/reference_gap": 9.0}, *kl])
+    assert reference_gap(load_run("no-check")) == []
 
 
 def test_out_of_vocab_tiers(make_run: MakeRun) -> None:
@@ -170,12 +189,11 @@ def test_healthy_run_with_every_signal_logged_is_quiet(make_run: MakeRun) -> Non
                     "student/out_of_vocab_rate": 0.0,
                 }
             )
-    metrics.insert(0, {"step": 0, "teacher/reference_gap": 2e-6})
     make_run(
         "all",
         config={**HEALTHY_CONFIG, "method.advantage_clip": 5.0},
         metrics=metrics,
-        preflight={"checks": {"teacher_reference": {"ok": True, "detail": "max gap 2e-06"}}},
+        preflight=_reference(True, 2e-6),
     )
     found = diagnose(load_run("all"))
     assert [f.title for f in found if f.severity >= Severity.WARNING] == []

@@ -8,7 +8,13 @@ import torch
 from distill.config import RunConfig
 from distill.domains import build_domain
 from distill.engines.hf import HFEngine
-from distill.methods.preflight import PreflightError, check_loss_mask, run_preflight, side_by_side
+from distill.methods.preflight import (
+    PreflightError,
+    check_loss_mask,
+    reference_check,
+    run_preflight,
+    side_by_side,
+)
 from distill.methods.views import teacher_view
 
 pytestmark = pytest.mark.integration
@@ -118,3 +124,67 @@ def test_side_by_side_marks_only_differing_rows() -> None:
     table = side_by_side(("a", ["x", "y", "z"]), ("b", ["x", "q"]))
     marks = [line[1] for line in table.splitlines()[1:]]
     assert marks == [" ", "!", "!"]
+
+
+def test_a_run_over_several_domains_keeps_each_domains_report(tiny_zoo, tmp_path) -> None:
+    from distill.diagnose.records import load_run
+    from distill.prepare import preflight
+    from distill.tracking.rundir import RunDir
+
+    # dapo's teacher opens a think block the student does not: its check fails after rlve's passed.
+    config = RunConfig.model_validate(
+        {
+            "domain": {
+                "name": "rlve+dapo",
+                "parts": {"rlve": tiny_zoo.domain.model_dump(), "dapo": {"train_size": 8, "eval_size": 4}},
+            },
+            "method": {"name": "opd"},
+            "student": {"name": str(tiny_zoo.student), "enable_thinking": False},
+            "teachers": {
+                "rlve": {"name": str(tiny_zoo.teacher), "enable_thinking": False},
+                "dapo": {"name": str(tiny_zoo.teacher), "enable_thinking": True},
+            },
+        }
+    )
+    domain = build_domain(config.domain)
+    student = HFEngine.load(str(tiny_zoo.student), enable_thinking=False)
+    teachers = {
+        "rlve": HFEngine.load(str(tiny_zoo.teacher), enable_thinking=False),
+        "dapo": HFEngine.load(str(tiny_zoo.teacher), enable_thinking=True),
+    }
+    run = RunDir(tmp_path / "mixed")
+    run.path.mkdir()
+    try:
+        with pytest.raises(PreflightError, match="thinking mode differs"):
+            preflight(config, domain, student, teachers["rlve"], lambda _: None, run, teachers)
+    finally:
+        domain.close()
+    kept = run.read_preflight()
+    assert set(kept["parts"]) == {"rlve", "dapo"}
+    assert kept["parts"]["rlve"]["checks"]["thinking_mode"]["ok"] is True
+    assert kept["parts"]["dapo"]["checks"]["thinking_mode"]["ok"] is False
+    # diagnose reads the check from the domain where it failed.
+    (run.path / "summary.json").write_text('{"run_id": "mixed"}')
+    (run.path / "config.yaml").write_text(config.model_dump_json())
+    check = load_run(run.path).preflight_check("thinking_mode")
+    assert check is not None and check["ok"] is False and check["detail"].startswith("dapo: thinking mode")
+
+
+def test_the_teacher_reference_gap_is_kept_passed_or_failed(tiny_zoo) -> None:
+    # What diagnose's teacher_reference_gap reads: the measured gap, in preflight.json.
+    config = _config(tiny_zoo)
+    student, teacher = HFEngine.load(str(tiny_zoo.student)), HFEngine.load(str(tiny_zoo.teacher))
+    items = build_domain(config.domain).train_items()[:2]
+    for reference, ok in ((teacher, True), (student, False)):  # the same weights; another model
+        report = _run(config, student, teacher)
+
+        def check(r: HFEngine = reference, into=report) -> str:
+            return reference_check(teacher, r, student, items, into)
+
+        try:
+            report.run("teacher reference", check)
+        except PreflightError:
+            pass
+        kept = report.to_json()["checks"]["teacher_reference"]
+        assert kept["ok"] is ok
+        assert kept["value"] == pytest.approx(0.0, abs=1e-5) if ok else kept["value"] >= 1.0
