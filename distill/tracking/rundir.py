@@ -2,10 +2,10 @@
 
 `<workspace>/runs/<run_id>/` holds `config.yaml` (resolved), `summary.json` (status, scores, the
 MLflow run id and the tracking URI it was logged to), `metrics.jsonl`, `manifest.json`,
-`checkpoints/step-N/`, `samples/`, `eval/`, `data/`, `diagnose/`, `preflight.json`, `run.lock` while
-a process writes it (`tracking.lock`) and, after a failure, `error.log`. Everything that reads or
-writes a run folder goes through `RunDir`; the tracking URI is resolved once, when the run is
-created, and read back from the summary after.
+`checkpoints/step-N/`, `samples/`, `eval/`, `data/`, `diagnose/`, `preflight.json`, `run.lock`
+while a process writes it, `run.lock.guard` (both `tracking.lock`) and, after a failure,
+`error.log`. Everything that reads or writes a run folder goes through `RunDir`; the tracking URI
+is resolved once, when the run is created, and read back from the summary after.
 """
 
 from __future__ import annotations
@@ -91,6 +91,8 @@ class RunDir:
     PREFLIGHT = "preflight.json"
     ERROR_LOG = "error.log"
     LOCK = "run.lock"
+    # Held for an instant while the lock is taken or given back (tracking/lock.py); never removed.
+    LOCK_GUARD = "run.lock.guard"
     CHECKPOINTS = "checkpoints"
     SAMPLES = "samples"
     EVAL = "eval"
@@ -135,6 +137,10 @@ class RunDir:
     @property
     def lock(self) -> Path:
         return self.path / self.LOCK
+
+    @property
+    def lock_guard(self) -> Path:
+        return self.path / self.LOCK_GUARD
 
     @property
     def checkpoints(self) -> Path:

@@ -1,9 +1,13 @@
 """The run lock against real processes: a live holder refuses a second writer, a dead one's lock
-(SIGKILL, or a forked child that outlived it) is taken over, `live_status` follows the lock."""
+(SIGKILL, or a forked child that outlived it) is taken over, `live_status` follows the lock, three
+writers racing on every stage a lock can be found in never both hold it, with or without flock."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import multiprocessing
 import os
 import signal
 import socket
@@ -15,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from distill.tracking import lock as lock_module
 from distill.tracking.lock import RunLock, lock_held, read_holder
 from distill.tracking.rundir import RunDir, RunRefused, live_status
 
@@ -98,16 +103,163 @@ def test_a_lock_kept_by_a_forked_child_of_a_dead_writer_is_taken_over(run: RunDi
         os.kill(child, signal.SIGKILL)
 
 
-def test_a_recorded_holder_on_another_host_is_taken_to_be_alive(run: RunDir) -> None:
-    # A file system without flock falls back on the record: a holder elsewhere cannot be checked.
-    from distill.tracking.lock import _holder_alive
+def _record(run: RunDir, **fields: object) -> None:
+    run.lock.write_text(json.dumps({"started": "t", **fields}))
 
-    run.lock.write_text(json.dumps({"pid": 1, "host": "elsewhere.example", "started": "t"}))
-    assert _holder_alive(run, busy=False) is True
-    run.lock.write_text(json.dumps({"pid": _dead_pid(), "host": socket.gethostname()}))
-    assert _holder_alive(run, busy=False) is False
-    run.lock.write_text("")  # a holder between taking the flock and writing its name
-    assert _holder_alive(run, busy=True) is True
+
+def test_release_never_removes_another_writers_lock(run: RunDir) -> None:
+    first = RunLock.acquire(run)
+    # The file is replaced under it (as when its writer was taken to be gone) and a second writer
+    # takes the new one: giving back the first must leave the second's lock where it is.
+    os.unlink(run.lock)
+    second = RunLock.acquire(run)
+    first.release()
+    assert run.lock.exists() and read_holder(run)["token"] == second.token
+    assert lock_held(run) is True
+    second.release()
+    assert not run.lock.exists()
+
+
+def _race_round(run_path: str, rounds: int, gate, results, no_flock: bool) -> None:  # type: ignore[no-untyped-def]
+    """One of three writers (a forked process): each round, once the test set the stage, try to
+    take the lock; hold it until all three have tried; say whether it got it."""
+    import fcntl as fcntl_module
+
+    real_truncate, real_flock = os.ftruncate, fcntl_module.flock
+
+    def slow_truncate(fd: int, length: int) -> None:
+        time.sleep(0.03)  # widen the moment between taking the lock and writing the record
+        real_truncate(fd, length)
+
+    def no_flock(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    os.ftruncate = slow_truncate
+    if no_flock:
+        fcntl_module.flock = no_flock
+    try:
+        for r in range(rounds):
+            gate.wait()  # the test set the stage
+            lock = RunLock.try_acquire(RunDir(Path(run_path)))
+            results.put((r, os.getpid(), lock is not None))
+            gate.wait()  # every writer has tried: a holder still holds
+            if lock is not None:
+                lock.release()
+            gate.wait()
+    finally:
+        os.ftruncate, fcntl_module.flock = real_truncate, real_flock
+
+
+def _orphan(run: RunDir, dead: int):  # type: ignore[no-untyped-def]
+    """A process holding the lock's flock under a dead writer's record (a forked child of it)."""
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+
+    def hold() -> None:
+        import fcntl as fcntl_module
+
+        fd = os.open(run.lock, os.O_RDWR | os.O_CREAT)
+        fcntl_module.flock(fd, fcntl_module.LOCK_EX)
+        os.write(fd, json.dumps({"pid": dead, "host": socket.gethostname(), "started": "t"}).encode())
+        ready.set()
+        time.sleep(120)
+
+    proc = ctx.Process(target=hold, daemon=True)
+    proc.start()
+    assert ready.wait(30)
+    return proc
+
+
+STAGES = {
+    "flock": ("stale", "none", "orphan", "live-gone"),
+    "no_flock": ("stale", "none", "elsewhere-silent"),
+}
+
+
+@pytest.mark.parametrize("mode", list(STAGES))
+def test_three_writers_race_and_one_writes(run: RunDir, mode: str) -> None:
+    """Three writers start at once, again and again, on every stage a run's lock can be found in
+    (a SIGKILLed writer's record, no file, a lock kept by an orphaned child, a holder on another
+    host gone silent), with the record's write slowed: exactly one of them holds the lock each
+    round."""
+    ctx = multiprocessing.get_context("fork")
+    per_stage, stages = 6, STAGES[mode]
+    rounds = per_stage * len(stages)
+    gate, results = ctx.Barrier(4), ctx.Queue()
+    writers = [
+        ctx.Process(target=_race_round, args=(str(run.path), rounds, gate, results, mode == "no_flock"))
+        for _ in range(3)
+    ]
+    for w in writers:
+        w.start()
+    dead, orphan = _dead_pid(), None
+    got: dict[int, list[int]] = {}
+    try:
+        for r in range(rounds):
+            stage = stages[r % len(stages)]
+            with contextlib.suppress(FileNotFoundError):
+                run.lock.unlink()
+            if stage in ("stale", "live-gone"):
+                _record(run, pid=dead, host=socket.gethostname())
+            elif stage == "orphan":
+                orphan = _orphan(run, dead)
+            elif stage == "elsewhere-silent":
+                _record(run, pid=1, host="elsewhere.example")
+                old = time.time() - lock_module.STALE_S - 5
+                os.utime(run.lock, (old, old))
+            gate.wait(timeout=60)
+            gate.wait(timeout=60)
+            for _ in range(3):
+                rnd, pid, held = results.get(timeout=60)
+                if held:
+                    got.setdefault(rnd, []).append(pid)
+            gate.wait(timeout=60)
+            if orphan is not None:
+                orphan.kill()
+                orphan.join()
+                orphan = None
+            assert len(got.get(r, [])) == 1, f"round {r} ({stage}): holders {got.get(r)}"
+    finally:
+        gate.abort()  # a failed round releases the writers waiting at the gate
+        for w in writers:
+            w.join(timeout=30)
+            if w.is_alive():
+                w.kill()
+        if orphan is not None:
+            orphan.kill()
+
+
+def test_without_flock_another_hosts_lock_lives_while_touched(
+    run: RunDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file system without flock: a holder elsewhere is alive while it keeps touching its file
+    (its heartbeat), and taken to be gone once silent for STALE_S; this host's by its pid."""
+    import fcntl as fcntl_module
+
+    def no_flock(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl_module, "flock", no_flock)
+    monkeypatch.setattr(lock_module, "HEARTBEAT_S", 0.05)
+    _record(run, pid=1, host="elsewhere.example")
+    assert lock_held(run) is True
+    with pytest.raises(RunRefused, match="on elsewhere.example"):
+        RunLock.acquire(run)
+    old = time.time() - lock_module.STALE_S - 5
+    os.utime(run.lock, (old, old))
+    assert lock_held(run) is False
+    with RunLock.acquire(run) as lock:
+        assert read_holder(run)["token"] == lock.token
+        before = run.lock.stat().st_mtime
+        os.utime(run.lock, (old, old))
+        time.sleep(0.3)
+        assert run.lock.stat().st_mtime > old + 60  # the heartbeat touched it again
+        assert before > old and lock_held(run) is True
+        with pytest.raises(RunRefused):
+            RunLock.acquire(run)
+    assert not run.lock.exists()
+    _record(run, pid=_dead_pid(), host=socket.gethostname())
+    assert lock_held(run) is False  # this host's holder is gone
 
 
 def _dead_pid() -> int:
