@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from distill.cli.common import console, fail
-from distill.tracking.rundir import RunDir
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from distill.archive.reproduce import Reproduction
     from distill.archive.store import Check
+    from distill.settings import Settings
 
 archive_app = typer.Typer(
     help="Checkpoints, data, samples and manifests of runs in DVC-managed storage (DISTILL_REMOTE).",
@@ -22,6 +24,14 @@ archive_app = typer.Typer(
 )
 
 JobsOption = Annotated[int | None, typer.Option("--jobs", "-j", help="parallel transfers (DVC's default)")]
+
+
+def _run_path(settings: Settings, ref: str) -> Path:
+    """A run's folder by id, unique prefix or path (a ValueError naming a typo). Imported here:
+    the run folder reads configs, and `distill --help` must not load the config models."""
+    from distill.tracking.rundir import RunDir
+
+    return RunDir.find(settings, ref).path
 
 
 def _size(n: int) -> str:
@@ -52,7 +62,7 @@ def push(
 
     settings = get_settings()
     try:
-        named = [RunDir.find(settings, r).path for r in runs or []]  # a typo fails before DVC is touched
+        named = [_run_path(settings, r) for r in runs or []]  # a typo fails before DVC is touched
         # Started before DVC opens its repo: MLflow's start-up then runs beside all of DVC's work.
         tagger = mlflow_tagger(named, settings.resolved_tracking_uri)
         archive = open_archive(settings)
@@ -111,7 +121,7 @@ def pull(
     settings = get_settings()
     try:
         try:
-            run_dir = RunDir.find(settings, run).path
+            run_dir = _run_path(settings, run)
             restored = False
         except ValueError as exc:
             if "ambiguous" in str(exc):
@@ -152,7 +162,7 @@ def verify(runs: Annotated[list[str], typer.Argument(help="run ids, unique prefi
     settings = get_settings()
     ok = True
     try:
-        dirs = [RunDir.find(settings, r).path for r in runs]
+        dirs = [_run_path(settings, r) for r in runs]
         archive = open_archive(settings)
         try:
             for run_dir in dirs:
@@ -230,7 +240,7 @@ def reproduce(
 
     settings = get_settings()
     try:
-        run_dir = RunDir.find(settings, run).path
+        run_dir = _run_path(settings, run)
         if eval_only:
             result = reproduce_eval(run_dir, say=typer.echo)
         else:
