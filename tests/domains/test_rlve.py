@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 
 import numpy as np
@@ -173,3 +174,44 @@ def test_corpus_covers_prompts_and_solutions(domain: RLVEDomain) -> None:
     items = domain.train_items() + domain.eval_items()
     assert len(corpus) == 2 * len(items)
     assert set(corpus) >= {i.prompt for i in items} | {i.solution for i in items if i.solution}
+
+
+def test_default_items_are_pinned() -> None:
+    # The presets' numbers and the zoo's cached models depend on these exact items.
+    dom = build(small())
+    blob = "\n".join(i.id + i.prompt + i.answer for i in dom.eval_items() + dom.train_items())
+    assert hashlib.sha256(blob.encode()).hexdigest()[:16] == "daa286816adcc56d"
+
+
+def test_named_environments_take_their_controllers_difficulty() -> None:
+    # The README's `domain.environments=[Division,LCM]`: no parameters given, none guessed.
+    from Gym.parameter_controllers import identifier2controller
+
+    dom = build(RLVEDomainConfig(environments=["Division", "LCM"], train_size=64, eval_size=32))
+    items = dom.eval_items() + dom.train_items()
+    assert len(dom.eval_items()) == 32 and len(dom.train_items()) == 64
+    for item in items:
+        [start] = identifier2controller[item.meta["environment"]]().get_parameter_list()
+        given = item.meta["config"]["parameter"]
+        assert {k: given[k] for k in start} == start
+        assert dom.score(item, f"\\boxed{{{item.answer}}}").correct
+
+
+def test_the_controller_raises_the_difficulty_when_items_run_out() -> None:
+    # TransmissionDelay's first level (N=4) has too few distinct prompts for 16 eval items:
+    # update() raises it, as RLVE's adaptive difficulty does.
+    dom = build(RLVEDomainConfig(environments=["TransmissionDelay"], train_size=8, eval_size=16))
+    levels = [i.meta["config"]["parameter"]["N"] for i in dom.eval_items()]
+    assert len({i.prompt for i in dom.eval_items()}) == 16
+    assert levels[0] == 4 and max(levels) > 4 and levels == sorted(levels)
+    # Parameters the user gives stay as given: too few items is an error naming them.
+    fixed = build(
+        RLVEDomainConfig(
+            environments=["TransmissionDelay"],
+            parameters={"TransmissionDelay": {"N": 4}},
+            train_size=8,
+            eval_size=16,
+        )
+    )
+    with pytest.raises(ValueError, match=r"TransmissionDelay \{'N': 4\} \(domain.parameters\)"):
+        fixed.eval_items()

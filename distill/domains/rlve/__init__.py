@@ -1,7 +1,8 @@
 """RLVE puzzles on the real `rlve-gym` package (import name `Gym`).
 
 Items are generated deterministically from (environment, seed, difficulty parameter) and carry
-the environment config, so the verifier can be rebuilt anywhere with `set_config`. rlve-gym seeds
+the environment config, so the verifier can be rebuilt anywhere with `set_config`. An environment
+without `domain.parameters` takes its difficulty from rlve-gym's controller for it (`Difficulty`). rlve-gym seeds
 Python's, numpy's and torch's global RNGs on every `generator()` call: generation runs in one
 thread and the callers' RNG state is restored afterwards.
 """
@@ -53,6 +54,50 @@ def _environment(identifier: str) -> Any:
     return cls(answer_markers=ANSWER_MARKERS)
 
 
+class Difficulty:
+    """The difficulty parameters of one environment for one split. Given in `domain.parameters`:
+    fixed. Otherwise rlve-gym's own controller for it (`Gym.parameter_controllers`): its
+    `get_parameter_list()` to start, raised by `update()` (as RLVE's adaptive difficulty moves)
+    whenever RAISE_AFTER draws in a row give no new item, so a named environment makes as many
+    distinct items as asked. A level that lists several parameter dicts takes them by seed."""
+
+    # Draws in a row without a new item (a repeat, or a parameter the generator refuses) before
+    # the controller raises the level: at 100, a level with D distinct prompts is left once ~95%
+    # of them are taken, never at random.
+    RAISE_AFTER = 100
+    # Levels an environment may climb in one split before it is given up on.
+    MAX_RAISES = 30
+
+    def __init__(self, identifier: str, fixed: dict[str, Any] | None) -> None:
+        self.identifier, self.fixed, self.misses, self.raises = identifier, fixed, 0, 0
+        self.controller = None if fixed is not None else _controller(identifier)
+        self.levels = [] if self.controller is None else self.controller.get_parameter_list()
+
+    def parameter(self, seed: int) -> dict[str, Any]:
+        if self.fixed is not None:
+            return dict(self.fixed)
+        return dict(self.levels[seed % len(self.levels)])
+
+    def missed(self) -> None:
+        """A draw that gave no new item; the level rises after RAISE_AFTER of them in a row."""
+        self.misses += 1
+        if self.controller is None or self.misses < self.RAISE_AFTER or self.raises >= self.MAX_RAISES:
+            return
+        self.controller.update()
+        self.levels, self.misses, self.raises = self.controller.get_parameter_list(), 0, self.raises + 1
+
+    def describe(self) -> str:
+        if self.fixed is not None:
+            return f"{self.identifier} {self.fixed} (domain.parameters)"
+        return f"{self.identifier} {self.levels} (its controller, raised {self.raises} times)"
+
+
+def _controller(identifier: str) -> Any:
+    from Gym.parameter_controllers import identifier2controller
+
+    return identifier2controller[identifier]()
+
+
 def _generate_one(env: Any, seed: int, parameter: dict[str, Any]) -> bool:
     """`env.generator(seed, parameter)` without its per-call timeout thread (3x faster here).
 
@@ -87,25 +132,32 @@ class RLVEDomain(Domain):
         items: list[Item] = []
         seen = set(exclude)
         envs = self.config.environments
+        # Each name checked (one line for an unknown one) before its controller is looked up.
+        difficulty = {e: Difficulty(e, self.config.parameters.get(e)) for e in envs if self._env(e)}
         seed = base_seed
         attempts = 0
         with _preserved_rng():
             while len(items) < count:
                 identifier = envs[len(items) % len(envs)]
                 env = self._env(identifier)
-                parameter = dict(self.config.parameters.get(identifier, {}))
+                level = difficulty[identifier]
+                parameter = level.parameter(seed + 1)
                 seed += 1
                 attempts += 1
                 if attempts > 50 * count + 1000:
                     raise ValueError(
-                        f"rlve: could only generate {len(items)} distinct items of {count} requested "
-                        f"for {envs}; lower domain.train_size/eval_size or raise the difficulty parameters"
+                        f"rlve: could only generate {len(items)} distinct items of {count} requested from "
+                        f"{level.describe()}; lower domain.train_size/eval_size, or raise or drop its "
+                        "domain.parameters (without them its controller's difficulty rises as needed)"
                     )
                 if not _generate_one(env, seed, parameter):
+                    level.missed()
                     continue
                 prompt = env.prompt_generator() + ANSWER_INSTRUCTION
                 if prompt in seen:
+                    level.missed()
                     continue
+                level.misses = 0
                 if distinct:
                     seen.add(prompt)
                 config = env.get_config()
