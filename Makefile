@@ -15,7 +15,13 @@ VLLM ?= 1
 VLLM_VENV ?= $(or $(DISTILL_VLLM_VENV),.venv-vllm)
 VLLM_TESTS := the vLLM server tests (tests/engines/test_server_vllm.py)
 
-.PHONY: install run test lint clean vllm-env vllm-for-tests
+# The SLURM tests (`pytest -m slurm`) run against a one-node cluster on this machine that they start
+# and stop (scripts/slurm-local.sh); `make test` installs Debian's slurm-wlm and munge for them once
+# (apt-get, root), and where that cannot be says up front that they will skip. SLURM=0 skips the install.
+SLURM ?= 1
+SLURM_TESTS := the SLURM tests (tests/e2e/test_grid_slurm.py)
+
+.PHONY: install run test lint clean vllm-env vllm-for-tests slurm-for-tests
 
 install: $(VENV)/.installed
 
@@ -61,7 +67,18 @@ else
 	fi
 endif
 
-test: $(VENV)/.compiled vllm-for-tests
+slurm-for-tests:
+ifeq ($(SLURM),0)
+	@echo "make test: SLURM=0: $(SLURM_TESTS) will skip; \`scripts/slurm-local.sh install\` enables them"
+else
+	@if out=$$(bash scripts/slurm-local.sh install 2>&1); then \
+	  echo "make test: SLURM installed: $(SLURM_TESTS) run on a one-node cluster they start and stop"; \
+	else \
+	  echo "make test: no SLURM ($$(echo "$$out" | tail -n 1)): $(SLURM_TESTS) will skip"; \
+	fi
+endif
+
+test: $(VENV)/.compiled vllm-for-tests slurm-for-tests
 	HF_HUB_OFFLINE=1 DISTILL_VLLM_VENV=$(abspath $(VLLM_VENV)) $(BIN)/python -m pytest -q
 
 lint: install

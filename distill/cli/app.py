@@ -376,7 +376,9 @@ def compare(
     "run. Prints the table (mean ± std over seeds, best per column in bold), the diagnose findings "
     "per cell, and writes table.md, table.csv and grid.png to <workspace>/grids/<id>/. Trailing "
     "KEY=VALUE overrides go to every cell (e.g. optim.max_steps=50 eval.items=100); METHOD:KEY=VALUE or "
-    "DOMAIN:KEY=VALUE to one method's or domain's cells (e.g. rose:method.teacher_max_tokens=32).",
+    "DOMAIN:KEY=VALUE to one method's or domain's cells (e.g. rose:method.teacher_max_tokens=32). "
+    "--executor slurm submits each cell as a SLURM job (settings: --settings FILE with a slurm: "
+    "section, or slurm.KEY=VALUE); `distill grid status <grid>` follows the jobs.",
 )
 def grid(
     overrides: Annotated[
@@ -393,14 +395,40 @@ def grid(
     resume: Annotated[
         str | None, typer.Option(help="continue a grid: FINISHED cells kept, died cells resumed")
     ] = None,
+    executor: Annotated[str, typer.Option(help="local (processes here) | slurm (a job per cell)")] = "local",
+    settings: Annotated[
+        Path | None, typer.Option("--settings", help="YAML with the grid's slurm: section")
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="slurm: wait for the jobs, then print the table")
+    ] = False,
 ) -> None:
-    from distill.cli.grid import grid_command
+    from distill.cli.grid import grid_command, status_command
 
-    explicit = overrides or skip or name or seeds != 1 or domain != "rlve" or method != "sft,opd,rose,opsd"
-    if resume is not None and explicit:
-        raise fail("--resume takes the grid's saved plan; drop the other options (--parallel stays)")
+    words = list(overrides or [])
+    if words[:1] == ["status"]:  # `distill grid status <grid> [--wait]`
+        if len(words) != 2:
+            raise fail("grid status: give one grid id or folder")
+        raise typer.Exit(status_command(words[1], wait))
+    runs = [w for w in words if not w.startswith("slurm.")]
+    explicit = runs or skip or name or seeds != 1 or domain != "rlve" or method != "sft,opd,rose,opsd"
+    if resume is not None and (explicit or executor != "local"):
+        raise fail(
+            "--resume takes the grid's saved plan; drop the other options (--parallel, --wait and slurm settings stay)"
+        )
     code = grid_command(
-        domain, method, seeds, list(overrides or []), list(skip or []), name, parallel, resume, sys.argv
+        domain,
+        method,
+        seeds,
+        words,
+        list(skip or []),
+        name,
+        parallel,
+        resume,
+        sys.argv,
+        executor,
+        settings,
+        wait,
     )
     raise typer.Exit(code)
 

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from transformers import TrainerCallback
 
+from distill import requeue
 from distill.hardware import model_shape, reset_gpu_peak, step_metrics
 from distill.kernels.heads import default_chunk_rows
-from distill.launch import barrier, reduce_metrics, world_size
+from distill.launch import barrier, broadcast, reduce_metrics, world_size
 from distill.progress import StepBar
 
 if TYPE_CHECKING:
@@ -45,10 +46,14 @@ class DistillCallback(TrainerCallback):
         # On a GPU: the student's shape and device, for `perf/mfu` and `perf/gpu_mem_peak_gb`.
         self._shape: dict[str, int] | None = None
         self._device: Any = None
+        # A grid cell on SLURM: the step at which the run checkpoints and stops to be requeued.
+        self._requeue = False
+        self._requeue_step: int | None = None
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ):
+        self._requeue = requeue.listen()
         if not state.is_world_process_zero:
             return  # one progress bar per run, rank 0's
         model = kw.get("model")
@@ -84,6 +89,10 @@ class DistillCallback(TrainerCallback):
                 self.ctx.evaluate_student(state.global_step, model)
                 if was_training:
                     model.train()
+        # Every rank stops at the step rank 0 saw the signal at (one collective per step, on SLURM only).
+        if self._requeue and broadcast(requeue.requested()):
+            control.should_save = control.should_training_stop = True
+            self._requeue_step = state.global_step
 
     def on_log(
         self,
@@ -139,6 +148,10 @@ class DistillCallback(TrainerCallback):
                 shutil.rmtree(dst)
             os.replace(src, dst)
             tracker.set_tags({"checkpoint.last": str(dst)})
+        if state.global_step == self._requeue_step:
+            raise requeue.StopForRequeue(
+                f"stopped to be requeued ({requeue.ENV}): checkpoint step-{state.global_step} written"
+            )
 
 
 TrainerT = TypeVar("TrainerT", bound="Trainer")

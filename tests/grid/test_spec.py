@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.grid import Cell, GridRefused, _cell_config, _resolve, plan
+from distill.grid.spec import Cell, GridRefused, _resolve, cell_config, plan
 
 
 def _plan(domains: str = "rlve,dapo", methods: str = "sft,opd,rose,opsd", **kw):
@@ -25,7 +25,7 @@ def test_every_method_of_a_domain_gets_the_domains_budget() -> None:
         budget = spec.budgets[domain]
         assert (budget.steps, budget.eval_items) == (7, 9)
         for method in ("sft", "opd", "rose", "opsd"):
-            config = _cell_config(spec, Cell(domain, method, 1))
+            config = cell_config(spec, Cell(domain, method, 1))
             assert (config.optim.max_steps, config.eval.items, config.seed) == (7, 9, 1)
             assert config.tracking.run_name == f"g-{domain}-{method}-s1"
             if method == "sft":  # no rollouts: the same sequences per step
@@ -45,9 +45,9 @@ def test_scoped_overrides_reach_their_cells_only() -> None:
     spec = _plan(
         "rlve,dapo", "sft,opd", seeds=1, overrides=["sft:method.temperature=0.7", "dapo:optim.lr=2e-5"]
     )
-    assert _cell_config(spec, Cell("rlve", "sft", 0)).method.temperature == 0.7
-    assert _cell_config(spec, Cell("dapo", "opd", 0)).optim.lr == 2e-5
-    assert _cell_config(spec, Cell("rlve", "opd", 0)).optim.lr != 2e-5
+    assert cell_config(spec, Cell("rlve", "sft", 0)).method.temperature == 0.7
+    assert cell_config(spec, Cell("dapo", "opd", 0)).optim.lr == 2e-5
+    assert cell_config(spec, Cell("rlve", "opd", 0)).optim.lr != 2e-5
     with pytest.raises(GridRefused, match="budget"):  # a method alone cannot change its domain's budget
         _plan("rlve", "sft,opd", seeds=1, overrides=["opd:optim.max_steps=3"])
 
@@ -62,6 +62,7 @@ def test_skip_leaves_a_cell_out() -> None:
     [
         ({"domains": "rlve,nope"}, "unknown domain 'nope'"),
         ({"methods": "sft,sft"}, "--method"),
+        ({"methods": "sft,nope"}, "--method: unknown method 'nope'; known: sft"),
         ({"seeds": 0}, "--seeds"),
         ({"skip": ["rlve/jsd"]}, "--skip 'rlve/jsd'"),
         ({"overrides": ["seed=3"]}, "override 'seed=3'"),
@@ -77,17 +78,26 @@ def test_bad_input_is_refused_naming_it(kw: dict, words: str) -> None:
     assert words in str(info.value) and "\n" not in str(info.value)
 
 
-def test_cli_refuses_bad_input_with_one_line_and_writes_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--method", "opd", "optim.max_steps=x"], "optim.max_steps"),
+        (["--method", "nope"], "--method: unknown method 'nope'"),
+    ],
+)
+def test_cli_refuses_bad_input_with_one_line_and_writes_nothing(
+    args: list[str], words: str, tmp_path: Path
+) -> None:
     env = {"DISTILL_WORKSPACE": str(tmp_path / "ws"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "distill", "grid", "--domain", "rlve", "--method", "opd", "optim.max_steps=x"],
+        [sys.executable, "-m", "distill", "grid", "--domain", "rlve", *args],
         capture_output=True,
         text=True,
         env=env,
         timeout=120,
     )
-    assert proc.returncode == 2
-    assert proc.stderr.strip().count("\n") == 0 and "optim.max_steps" in proc.stderr
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().count("\n") == 0 and words in proc.stderr
     assert not (tmp_path / "ws").exists()
 
 
@@ -96,7 +106,7 @@ def test_a_mixed_domain_is_a_row_of_its_own() -> None:
     assert [c.label for c in spec.cells()] == ["rlve/opd/s0", "dapo/opd/s0", "rlve+dapo/opd/s0"]
     # The mix's budget is its own preset's: the two domains' steps together.
     assert spec.budgets["rlve+dapo"].steps == spec.budgets["rlve"].steps + spec.budgets["dapo"].steps
-    cfg = _cell_config(spec, Cell("rlve+dapo", "opd", 0))
+    cfg = cell_config(spec, Cell("rlve+dapo", "opd", 0))
     assert cfg.domain.name == "rlve+dapo" and cfg.domain.weights()["dapo"] == pytest.approx(0.6)
     # A method that trains one domain per run is refused with the cell to leave out.
     with pytest.raises(GridRefused, match=r"--skip rlve\+dapo/sft"):

@@ -1,0 +1,154 @@
+"""`distill grid --executor slurm` against a real one-node SLURM (scripts/slurm-local.sh) and a
+real MLflow server: a 4-cell grid submitted as one job array; one cell `scancel`ed mid-run and
+another signalled as at its time limit (it checkpoints, is requeued and resumes by itself); then
+`--resume` resubmits the cancelled cell alone. The finished table equals the same grid run by the
+local executor value for value, every cell's final weights are the local cell's bit for bit, and
+the MLflow server holds each cell once under the grid's parent run, level with its metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .mlflow_level import assert_level
+from .test_grid import _grid_overrides, _train_steps
+from .test_run import _env
+from .test_tracking_server import MlflowServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.slurm]
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm-local.sh"
+CELLS = ["rlve/sft/s0", "rlve/sft/s1", "rlve/opd/s0", "rlve/opd/s1"]
+# SLURM's signal window: long enough for a loaded CI machine to reach the next step boundary.
+SLURM = ["slurm.time_min=30", "slurm.signal_delay_s=120"]
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster() -> Iterator[None]:
+    """The one-node cluster, started here unless it is up already (then left as it was)."""
+    if shutil.which("sbatch") is None and shutil.which("apt-get") is None:
+        pytest.skip("no SLURM here and no apt-get to install it (scripts/slurm-local.sh install)")
+    running = subprocess.run(["bash", str(SCRIPT), "status"], capture_output=True).returncode == 0
+    if not running:
+        start = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=600)
+        if start.returncode != 0:
+            pytest.skip(f"no one-node SLURM: {(start.stdout + start.stderr).strip().splitlines()[-1:]}")
+    yield
+    if not running:
+        subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    yield server
+    server.stop()
+
+
+def _distill(args: list[str], env: dict[str, str], timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "distill", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _until(what: str, check, timeout: float = 600, every: float = 0.05) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.time() + timeout
+    while not check():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(every)
+
+
+def _weights(ws: Path, grid: str, cell: str) -> bytes:
+    run = ws / "runs" / f"{grid}-{cell.replace('/', '-')}"
+    return (run / "checkpoints" / "step-6" / "model.safetensors").read_bytes()
+
+
+def test_a_grid_on_slurm_ends_with_the_local_grids_table(
+    slurm_cluster: None, server: MlflowServer, tiny_zoo, tmp_path: Path
+) -> None:
+    grid = ["grid", "--domain", "rlve", "--method", "sft,opd", "--seeds", "2", *_grid_overrides(tiny_zoo)]
+    local_ws, ws = tmp_path / "local", tmp_path / "slurm"
+    # The local executor's grid, alongside (its own workspace and embedded store).
+    local = subprocess.Popen(
+        [sys.executable, "-m", "distill", *grid, "--name", "L", "--parallel", "2"],
+        env=_env(local_ws),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    env = {**_env(ws), "DISTILL_TRACKING_URI": server.uri}
+    began = time.time()
+    submitted = _distill([*grid, "--name", "S", "--executor", "slurm", *SLURM], env, timeout=300)
+    assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
+    jobs = json.loads((ws / "grids" / "S" / "grid.json").read_text())["jobs"]
+    ids = {cell: jobs[cell][-1] for cell in CELLS}
+    array = {i.split("_")[0] for i in ids.values()}
+    assert len(array) == 1 and sorted(i.split("_")[1] for i in ids.values()) == ["0", "1", "2", "3"], ids
+    for cell in CELLS:
+        assert f"{cell}: job {ids[cell]}, starting S-{cell.replace('/', '-')}" in submitted.stdout
+
+    runs = ws / "runs"
+    # As at its time limit (SLURM's `--signal`, which submitit's own `_interrupt` sends the same
+    # way): rlve/sft/s1 as soon as its run exists; it checkpoints at its next step boundary.
+    _until("rlve/sft/s1 to start", lambda: (runs / "S-rlve-sft-s1" / "summary.json").exists())
+    first_step = time.time() - began
+    subprocess.run(["scancel", "--signal=USR2", ids["rlve/sft/s1"]], check=True)
+    # rlve/opd/s0 cancelled past its step-2 checkpoint, before its end.
+    opd = runs / "S-rlve-opd-s0"
+    _until("rlve/opd/s0 at step 3", lambda: any(s >= 3 for s in _train_steps(opd)), every=0.02)
+    subprocess.run(["scancel", ids["rlve/opd/s0"]], check=True)
+
+    waited = _distill(["grid", "status", "S", "--wait"], env)
+    assert waited.returncode == 1, waited.stdout[-3000:]  # one cell did not finish
+    final = {line.split()[0]: line for line in waited.stdout.splitlines() if line.startswith("│ rlve/")}
+    assert "CANCELLED" in final["rlve/opd/s0"] and "DIED" in final["rlve/opd/s0"], final
+    for cell in ("rlve/sft/s0", "rlve/sft/s1", "rlve/opd/s1"):
+        assert "COMPLETED" in final[cell] and "FINISHED" in final[cell], final
+    requeued = (ws / "grids" / "S" / "logs" / "S-rlve-sft-s1.log").read_text()
+    assert requeued.count(f"job {ids['rlve/sft/s1']} on ") == 2, requeued[-3000:]  # the same job, requeued
+    assert "(time limit or preemption): run exited 130; requeued" in requeued
+    assert "resuming S-rlve-sft-s1 from step-" in requeued
+
+    resumed_at = time.time()
+    again = _distill(["grid", "--resume", "S", "--wait"], env)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "grid S: 1 of 4 cells to submit" in again.stdout
+    for cell in ("rlve/sft/s0", "rlve/sft/s1", "rlve/opd/s1"):
+        assert f"grid {cell}: FINISHED, kept" in again.stdout
+    assert "rlve/opd/s0: job " in again.stdout and "resuming (DIED, step " in again.stdout
+    log = (ws / "grids" / "S" / "logs" / "S-rlve-opd-s0.log").read_text()
+    assert "resuming S-rlve-opd-s0 from step-" in log
+    assert _train_steps(opd) == [1, 2, 3, 4, 5, 6]  # no step twice
+    resubmitted = time.time() - resumed_at
+
+    assert local.wait(timeout=900) == 0, local.stdout.read()[-3000:] if local.stdout else ""
+    # Value for value, and the weights behind them bit for bit (the requeued cell's too).
+    assert (ws / "grids" / "S" / "table.csv").read_text() == (
+        local_ws / "grids" / "L" / "table.csv"
+    ).read_text()
+    for cell in CELLS:
+        assert _weights(ws, "S", cell) == _weights(local_ws, "L", cell), cell
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=server.uri)
+    exp = client.get_experiment_by_name("distill")
+    active = client.search_runs([exp.experiment_id])
+    parents = [r for r in active if r.data.tags.get("distill.grid") == "S"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    children = [r for r in active if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert sorted(r.info.run_name for r in children) == sorted(f"S-{c.replace('/', '-')}" for c in CELLS)
+    for cell in CELLS:
+        assert_level(client, runs / f"S-{cell.replace('/', '-')}")
+    print(
+        f"\nslurm grid: first cell running {first_step:.1f} s after submission, resubmission {resubmitted:.1f} s"
+    )
