@@ -195,6 +195,9 @@ FAST: list[tuple[str, Args, str]] = [
     ("diagnose-bad-format", lambda f: ["diagnose", RUN_A, "--format", "yaml"], "yaml"),
     ("compare-no-such-baseline", lambda f: ["compare", RUN_A, "--baseline", "nope", "--no-plot"], "nope"),
     ("runs-bad-sort", lambda f: ["runs", "--sort", "nope"], "--sort"),
+    # a server's address, checked before vLLM is looked for
+    ("serve-port-out-of-range", lambda f: ["serve", "teacher", "--port", "99999"], "--port 99999"),
+    ("serve-unknown-host", lambda f: ["serve", "teacher", "--host", "no.such.host.invalid"], "--host"),
 ]  # fmt: skip
 
 # Cases that need rlve-gym or an MLflow store (seconds to import and create).
@@ -207,6 +210,30 @@ SLOW: list[tuple[str, Args, str]] = [
     ("archive-verify-no-such-run", lambda f: ["archive", "verify", "nope"], "nope"),
     ("archive-push-no-such-run", lambda f: ["archive", "push", "/x/y"], "/x/y"),
     ("reproduce-no-such-run", lambda f: ["reproduce", "nope"], "nope"),
+]  # fmt: skip
+
+
+# What a run prepares before its first step (items generated or loaded, zoo models built) is its
+# input: refused like a bad config, before the run directory exists (zoo/check.py build_inputs).
+PREPARE: list[tuple[str, Args, str]] = [
+    ("run-unknown-environment", lambda f: ["run", "domain.environments=[Nope]"], "Nope"),
+    (
+        "run-too-few-items",
+        lambda f: ["run", "domain.environments=[TransmissionDelay]", "domain.parameters.TransmissionDelay.N=4",
+                   "domain.eval_size=16"],
+        "TransmissionDelay {'N': 4} (domain.parameters)",
+    ),
+    ("run-data-missing", lambda f: ["run", "--domain", "dapo", f"domain.data={f('missing.jsonl')}"], "missing.jsonl"),
+    ("run-data-bad-jsonl", lambda f: ["run", "--domain", "dapo", f"domain.data={f('bad.jsonl')}"], "bad.jsonl: line 2"),
+    ("run-data-no-answer", lambda f: ["run", "--domain", "dapo", f"domain.data={f('no-answer.json')}"], "'answer'"),
+    ("run-data-bad-parquet", lambda f: ["run", "--domain", "dapo", f"domain.data={f('bad.parquet')}"], "bad.parquet"),
+    (
+        "run-eval-data-missing",
+        lambda f: ["run", "--domain", "dapo", "domain.eval_benchmark=aime25", f"domain.eval_data={f('gone')}"],
+        "gone",
+    ),
+    ("preflight-unknown-environment", lambda f: ["run", "--preflight", "domain.environments=[Nope]"], "Nope"),
+    ("preflight-data-bad-json", lambda f: ["run", "--domain", "dapo", "--preflight", f"domain.data={f('bad.json')}"], "bad.json"),
 ]  # fmt: skip
 
 
@@ -264,6 +291,37 @@ def test_refused_slow(files: Files, mlflow_store: str, untouched: None, args: Ar
     _check_refused(stderr, code, needle)
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize(("args", "needle"), _params(PREPARE))
+def test_refused_while_preparing(files: Files, untouched: None, args: Args, needle: str) -> None:
+    code, stderr, _ = _invoke(files, args(files))
+    _check_refused(stderr, code, needle)
+
+
+@pytest.mark.integration
+def test_a_zoo_that_cannot_be_built_is_refused(files: Files) -> None:
+    # DISTILL_ZOO_DIR names a file: the zoo build cannot make its folder. No run, no zoo entry.
+    env = {**files.env(), "DISTILL_ZOO_DIR": files("a-file.bin")}
+    args = ["run", "domain.train_size=16", "domain.eval_size=8"]
+    runs = sorted((files.ws / "runs").iterdir())
+    for command in (args, [*args, "--preflight"]):
+        result = CliRunner().invoke(app, command, env=env)
+        assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit)
+        _check_refused(result.stderr, result.exit_code, "a-file.bin")
+    assert sorted((files.ws / "runs").iterdir()) == runs
+
+
+def test_a_taken_port_is_refused(files: Files, untouched: None) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        code, stderr, _ = _invoke(files, ["serve", "teacher", "--port", port, "--dry-run"])
+    _check_refused(stderr, code, f"--port {port}: cannot listen there")
+
+
 # The same, on a real process: stderr as a user sees it, the console entry point, no traceback.
 SUBPROCESS = [
     ("config-not-utf8", lambda f: ["run", "--config", f("latin1.yaml")], "latin1.yaml"),
@@ -283,7 +341,7 @@ def test_refused_by_the_real_process(files: Files, untouched: None, args: Args, 
 
 
 def test_the_sweep_is_wide() -> None:
-    assert len(FAST) + len(SLOW) >= 40
+    assert len(FAST) + len(SLOW) + len(PREPARE) >= 50
 
 
 # Bad records inside a workspace: a broken file is reported as such, the rest still reads.

@@ -170,6 +170,8 @@ def _preflight_only(cfg: RunConfig | None, settings: Settings) -> None:
         raise fail(f"preflight failed: {exc}") from None
     except ConfigError as exc:  # a model, template, pair or device that cannot run, as `run` says it
         raise fail(str(exc)) from None
+    except Exception as exc:  # nothing was written: the one line is the whole record
+        raise fail(f"preflight could not run: {type(exc).__name__}: {exc}", 1) from None
     typer.echo("preflight passed")
 
 
@@ -310,7 +312,8 @@ def runs(
     help="Find out why a run went wrong: findings ranked by severity, each with the numbers behind it, "
     "why it matters and the config change that fixes it. Writes <run>/diagnose/ (report.json, report.md, "
     "PNG plots) and logs it to the run's MLflow run. Exit code: 0 nothing above info, 1 warnings, "
-    "2 errors; a missing or unreadable run prints one `error:` line and exits 2."
+    "2 errors, 3 incomplete (a rule crashed; the others' findings stand); a missing or unreadable run "
+    "prints one `error:` line and exits 2."
 )
 def diagnose(
     runs: Annotated[list[str], typer.Argument(help="run ids, unique id prefixes or run directories")],
@@ -465,7 +468,13 @@ def zoo_ls() -> None:
 
 
 def main() -> None:
-    app()
+    # A shell asking for completions (`eval "$(_DISTILL_COMPLETE=source_bash distill)"` in a
+    # bashrc): typer's completion classes, registered only then, so `--help` stays as it is.
+    if "_DISTILL_COMPLETE" in os.environ:
+        from typer.completion import completion_init
+
+        completion_init()
+    app(prog_name="distill")
 
 
 if __name__ == "__main__":

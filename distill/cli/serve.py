@@ -12,6 +12,27 @@ serve_app = typer.Typer(
 )
 
 
+def address_problem(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port (one line), checked before vLLM starts:
+    a port outside 1-65535, an address this machine does not have, a port already taken."""
+    import socket
+
+    if not 1 <= port <= 65535:
+        return f"--port {port}: a TCP port is 1-65535"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return f"--host {host}: not an address of this machine ({exc.strerror or exc})"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})"
+    return None
+
+
 @serve_app.command(
     "teacher",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
@@ -51,6 +72,8 @@ def teacher(
 
     if precision not in DTYPES:
         raise fail(f"--precision {precision!r}: one of {', '.join(DTYPES)}")
+    if problem := address_problem(host, port):
+        raise fail(problem)
     vllm = find_vllm()
     if vllm is None:
         raise fail(missing_vllm_message())

@@ -75,6 +75,20 @@ _ADDED_FIELDS = {
 }
 
 
+def zoo_domain(domain: DomainBase) -> DomainBase:
+    """The domain config the zoo's models learn from: the run's, with the fields that name a
+    user's own problems (a domain's `user_data_fields`: dapo's `data`, its eval benchmark) back at
+    the domain's defaults. A user's problems rarely carry worked solutions, and the embedded
+    models are the domain's own: the run trains and evaluates on the user's items with them. A
+    mixed domain: each part's."""
+    parts: dict[str, DomainBase] | None = getattr(domain, "parts", None)
+    if parts:
+        return domain.model_copy(update={"parts": {p: zoo_domain(c) for p, c in parts.items()}})
+    fields = type(domain).model_fields
+    reset = {f: fields[f].default for f in getattr(domain, "user_data_fields", ()) if f in fields}
+    return domain.model_copy(update=reset) if reset else domain
+
+
 def _lookup(name: str, recipes: Mapping[str, Recipe]) -> Recipe:
     """The recipe of `name` (refused before any folder or lock of it exists)."""
     try:
@@ -88,6 +102,7 @@ def _target(
 ) -> tuple[Recipe, DomainBase, Mapping[str, Recipe]]:
     """(recipe, the domain config it trains on, the recipes its tokenizer comes from) of `name`
     in `domain`'s zoo; `<name>@<part>` in a mixed zoo trains on that part with the mix's tokenizer."""
+    domain = zoo_domain(domain)
     base, _, part = name.partition(PART)
     if not part:
         recipes = recipes if recipes is not None else recipes_for(domain.name)
@@ -142,6 +157,7 @@ def ensure_built(
     `recipes` None: the domain's (`recipes_for`)."""
     from filelock import FileLock
 
+    domain_config = zoo_domain(domain_config)
     recipe, data_config, tokenizer_recipes = _target(name, domain_config, recipes)
     target = entry_dir(root, name, domain_config, recipes)
     lock = Path(str(target) + ".lock")

@@ -18,6 +18,7 @@ from distill.zoo import PREFIX
 
 if TYPE_CHECKING:
     from distill.config import ModelConfig, RunConfig
+    from distill.settings import Settings
 
 # Any one of these makes a folder a tokenizer folder (fast tokenizers, slow ones, BPE vocabularies).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -175,3 +176,38 @@ def check_models(config: RunConfig) -> None:
             served = spec.engine == "server"
             check_model_name(spec.name, domain, f"{field}.name", tokenizer_only=served)
         check_template(spec, field)
+
+
+def build_inputs(config: RunConfig, settings: Settings) -> None:
+    """What a run reads before its first step, made before its folder exists: the domain's items
+    (generated or loaded, and cached in the workspace, where the run finds them again) and the zoo
+    models it names (built and cached). A failure there is the run's input, not the run: an
+    environment that makes too few items, a data file without problems, a zoo folder that cannot
+    be written. ConfigError: one line, the run never starts."""
+    from distill.domains import build_domain
+    from distill.zoo import resolve_model
+
+    try:
+        domain = build_domain(config.domain)
+        try:
+            domain.eval_items()
+            domain.train_items()
+        finally:
+            domain.close()
+        for name, part in zoo_models(config):
+            resolve_model(name, config.domain, settings, part=part)
+    except (ValueError, OSError) as exc:
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        raise ConfigError(lines[0] if len(lines) == 1 else f"{lines[0]} ...") from None
+
+
+def zoo_models(config: RunConfig) -> list[tuple[str, str | None]]:
+    """(zoo name, the domain it serves in a run over several) of every zoo model the run loads:
+    the student, and each domain's teacher unless the method's teacher is the student itself."""
+    from distill import registry
+
+    parts = registry.domain_parts(config.domain.name)
+    models: list[tuple[str, str | None]] = [(config.student.name, None)]
+    if not registry.method_entry(config.method.name).own_teacher:
+        models += [(config.teacher_of(p).name, p if len(parts) > 1 else None) for p in parts]
+    return list(dict.fromkeys((n, p) for n, p in models if n.startswith(PREFIX)))

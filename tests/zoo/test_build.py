@@ -323,3 +323,26 @@ def test_privileged_items_widen_the_privileged_view_beyond_the_students_slice(ti
     for item, (ids, labels) in zip(items[:20], wide[6:], strict=True):
         prompt = _prompt_text(tok, ids, labels)
         assert "=== Reference Solution Begin ===" in prompt and item.solution.strip() in prompt
+
+
+def test_a_users_problems_train_with_the_domains_own_zoo(tmp_path: Path) -> None:
+    # Plain problem/answer rows, no worked solutions: what a user's data usually is.
+    from distill.domains.dapo.config import DapoDomainConfig
+    from distill.domains.mixed.config import MixConfig
+
+    data = tmp_path / "mine.jsonl"
+    data.write_text(
+        "".join(json.dumps({"problem": f"What is {n} + {n}?", "answer": 2 * n}) + "\n" for n in range(40))
+    )
+    own = DapoDomainConfig(train_size=128, eval_size=8)
+    user = own.model_copy(update={"data": str(data)})
+    for name in ("tok-qwen", "student"):
+        assert entry_dir(tmp_path, name, user, TINY_RECIPES) == entry_dir(tmp_path, name, own, TINY_RECIPES)
+    built = ensure_built(tmp_path / "zoo", "student", user, show_progress=False, recipes=TINY_RECIPES)
+    assert built == entry_dir(tmp_path / "zoo", "student", own, TINY_RECIPES)
+    entry = read_entry(built)
+    assert entry is not None and entry.eval["items"] == 8.0  # the domain's own eval items
+    # A mix holding the user's dapo data: its dapo part's zoo is the domain's own too.
+    mix = MixConfig(name="rlve+dapo", parts={"rlve": tiny_domain(), "dapo": user})
+    plain = MixConfig(name="rlve+dapo", parts={"rlve": tiny_domain(), "dapo": own})
+    assert recipe_key("teacher@dapo", mix, TINY_RECIPES) == recipe_key("teacher@dapo", plain, TINY_RECIPES)

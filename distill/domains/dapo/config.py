@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -12,6 +12,10 @@ from distill.registry import BENCHMARKS
 
 class DapoDomainConfig(DomainBase):
     """Math with a boxed final answer graded by math-verify (distill/domains/dapo/)."""
+
+    # Fields naming a user's own problems: the zoo's models learn from the domain's own worked
+    # solutions whatever these say (zoo/build.py `zoo_domain`); the run trains and evaluates on them.
+    user_data_fields: ClassVar[tuple[str, ...]] = ("data", "eval_benchmark", "eval_data")
 
     name: Literal["dapo"] = "dapo"
     # Training problems: a hub id (e.g. BytedTsinghua-SIA/DAPO-Math-17k), a local parquet/jsonl/json
