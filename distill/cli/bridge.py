@@ -136,6 +136,10 @@ def print_report(
         f"tokens: student {report.student_tokens}, teacher {report.teacher_tokens}, "
         f"teacher/student ratio {report.ratio:.3f}"
     )
+    console.print(
+        f"anchors: {report.anchored} of {report.seams} seams crossed only read and written in place, "
+        f"after the tokens before them (bridge/anchor_rescue_rate in ROSE)"
+    )
     if bridge is not None:
         for line in [rows_line("student", bridge.student), rows_line("teacher", bridge.teacher)]:
             console.print(line, soft_wrap=True)

@@ -53,6 +53,10 @@ class Rollout:
     target_ids: list[int] = field(default_factory=list)  # continuation in student tokens (mask 1)
     continuation_text: str = ""
     seam_ok: bool = True
+    teacher_prefix_ids: list[int] = field(default_factory=list)  # the prefix in teacher tokens
+    # The seam crossed through an anchor (tokenizer_bridge/anchor.py): read or written alone, a run
+    # would have gained or lost a space (a sentencepiece `▁word` after the prefix).
+    anchored: bool = False
 
 
 def draw_prefix_len(method: ROSEMethod, n_content: int, rng: random.Random) -> int:
@@ -115,11 +119,12 @@ def teacher_continuations(ctx: RunContext, bridge: TokenizerBridge, rollouts: li
     teacher = ctx.teacher
     rows: list[list[int]] = []
     for r in rollouts:
-        prefix = r.prefix_ids if bridge.same else bridge.to_teacher(r.prefix_ids)
-        if not isinstance(prefix, list):
-            r.seam_ok = prefix.lossless
-            prefix = prefix.ids
-        rows.append(thinking.teacher_prompt_ids(teacher, r.item.prompt, r.prefix_text) + prefix)
+        if bridge.same:
+            r.teacher_prefix_ids = list(r.prefix_ids)
+        else:
+            crossed = bridge.to_teacher(r.prefix_ids)
+            r.seam_ok, r.anchored, r.teacher_prefix_ids = crossed.lossless, crossed.anchored, crossed.ids
+        rows.append(thinking.teacher_prompt_ids(teacher, r.item.prompt, r.prefix_text) + r.teacher_prefix_ids)
     # A prefix that already holds a think block: the teacher may not open another one.
     suppress = thinking.think_open_ids(teacher.tokenizer)
     groups = {
@@ -143,8 +148,11 @@ def teacher_continuations(ctx: RunContext, bridge: TokenizerBridge, rollouts: li
                 r.continuation_text = readable(bridge.student_pieces(comp.ids))
                 continue
             kept = trim_partial(bridge.teacher, comp.ids) if comp.truncated else comp.ids
-            back = bridge.to_student(kept)
+            # Read after the teacher's prefix and written after the student's: the continuation's
+            # first token may carry the space between them.
+            back = bridge.to_student(kept, after=(r.teacher_prefix_ids, r.prefix_ids))
             r.target_ids, r.continuation_text = back.ids, back.text
+            r.anchored = r.anchored or back.anchored
             joined = bridge.student_pieces(r.prefix_ids + back.ids)
             r.seam_ok = (
                 r.seam_ok
@@ -173,6 +181,8 @@ def step_metrics(rollouts: list[Rollout], method: ROSEMethod, bridged: bool) -> 
     }
     if bridged:
         out["teacher/seam_failure_rate"] = 1 - len(trained) / len(rollouts)
+        # Samples whose seam crossed losslessly only through an anchor (alone, it would have failed).
+        out["bridge/anchor_rescue_rate"] = sum(r.anchored for r in trained) / len(rollouts)
     return out
 
 

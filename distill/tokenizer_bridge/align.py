@@ -42,6 +42,7 @@ from functools import lru_cache
 from itertools import accumulate
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
+from distill.tokenizer_bridge.anchor import decode_after
 from distill.tokenizer_bridge.bridge import special_roles, special_tokens
 
 if TYPE_CHECKING:
@@ -106,10 +107,6 @@ def special_keys(tokenizer: PreTrainedTokenizerBase) -> dict[int, str]:
     return keys
 
 
-def _decode(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> str:
-    return str(tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False))
-
-
 def _byte_level(token: str) -> bytes:
     """As tokenizers' ByteLevel decoder: each character's byte, or the raw UTF-8 of a token outside
     the byte alphabet (an added token such as "<think> ")."""
@@ -132,9 +129,10 @@ def _sentencepiece(token: str) -> bytes:
     return bytes([int(m.group(1), 16)]) if m else token.replace("\u2581", " ").encode()
 
 
-def _run_bytes(tokenizer: PreTrainedTokenizerBase, run: list[int]) -> list[bytes]:
-    """Bytes of each token of a run of ordinary tokens; joined, they are the run's decoded text."""
-    text = _decode(tokenizer, run)
+def _run_bytes(tokenizer: PreTrainedTokenizerBase, run: list[int], before: list[int]) -> list[bytes]:
+    """Bytes of each token of a run of ordinary tokens; joined, they are the run's text where it
+    follows `before` (anchor.py: after a special token a sentencepiece `▁word` keeps its space)."""
+    text = decode_after(tokenizer, run, before)
     data = text.encode()
     tokens = [str(t) for t in tokenizer.convert_ids_to_tokens(run)]
     for read in (_byte_level, _sentencepiece):
@@ -155,7 +153,7 @@ def _run_bytes(tokenizer: PreTrainedTokenizerBase, run: list[int]) -> list[bytes
         ends = [cum[min(end, len(text))] for _, end in enc["offset_mapping"]]
     else:
         for k in range(1, len(run) + 1):
-            prefix = _decode(tokenizer, run[:k])
+            prefix = decode_after(tokenizer, run[:k], before)
             n = next((i for i, (a, b) in enumerate(zip(prefix, text, strict=False)) if a != b), None)
             ends.append(cum[min(len(prefix), len(text)) if n is None else n])
     if ends:
@@ -176,20 +174,22 @@ def token_bytes(
     Byte-level BPE tokens map through the byte alphabet and SentencePiece byte-fallback tokens are
     their byte, so a token that splits a multi-byte character gets part of its bytes; other
     tokenizers fall back to offsets (`_run_bytes`), where a token may get zero bytes.
-    Runs of ordinary tokens between specials are decoded on their own, as `bridge.pieces` does.
+    Runs of ordinary tokens between specials are read in place after the tokens before them, as
+    `bridge.pieces` reads them.
     """
     keys = special_keys(tokenizer) if keys is None else keys
+    ids = [int(i) for i in ids]
     out: list[bytes] = []
     run: list[int] = []
-    for i in [*ids, None]:
-        if i is None or int(i) in keys:
+    for k, i in enumerate([*ids, None]):
+        if i is None or i in keys:
             if run:
-                out.extend(_run_bytes(tokenizer, run))
+                out.extend(_run_bytes(tokenizer, run, ids[: k - len(run)]))
                 run = []
             if i is not None:
                 out.append(b"")
         else:
-            run.append(int(i))
+            run.append(i)
     return out
 
 

@@ -10,18 +10,25 @@ literal text, and an end of turn stays an end of turn: a teacher whose eos is al
 (GPT-2's `<|endoftext|>`) ends the student's turn with the student's end-of-turn token, never its
 pad.
 
+A run that continues other tokens (a teacher's continuation after the student's prefix, text
+after a special token) is read and written in place, after an anchor (anchor.py): what a
+sentencepiece model's leading `▁` means depends on what comes before it.
+
 The bridge is lossless when the pieces on the far side equal the mapped pieces on the near side;
 every conversion says whether it was, and `seam.py` checks it on whole corpora.
 """
 
 from __future__ import annotations
 
-import re
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
+
+from distill.tokenizer_bridge.anchor import decode_in_place, encode_after
+from distill.tokenizer_bridge.anchor import encode_plain as encode_plain
+from distill.tokenizer_bridge.anchor import unicode_form as unicode_form
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -49,6 +56,9 @@ class Piece:
     # A special token the far side has no counterpart for: kept in the near side's pieces so the
     # loss shows (and is named) wherever pieces are compared, never sent across.
     dropped: bool = False
+    # Text read after an anchor reads differently alone (anchor.py): a sentencepiece `▁word` after
+    # a special token or another side's prefix keeps its space.
+    anchored: bool = field(default=False, compare=False)
 
 
 def special_tokens(tokenizer: PreTrainedTokenizerBase) -> dict[int, str]:
@@ -119,29 +129,35 @@ def special_roles(tokenizer: PreTrainedTokenizerBase) -> dict[int, str]:
 
 
 def pieces(
-    tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], specials: dict[int, str] | None = None
+    tokenizer: PreTrainedTokenizerBase,
+    ids: Sequence[int],
+    specials: dict[int, str] | None = None,
+    before: Sequence[int] = (),
 ) -> list[Piece]:
-    """`ids` as merged text runs and special tokens, in order (`specials`: a cached special_tokens)."""
+    """`ids` as merged text runs and special tokens, in order (`specials`: a cached special_tokens).
+    Each run is read in place after the tokens before it (anchor.py): `before` (the same side's
+    ids that precede `ids`, e.g. the student's prefix before a continuation) and, for a run after
+    a special token, that token."""
     specials = special_tokens(tokenizer) if specials is None else specials
+    seq = [*before, *ids]
+    offset = len(before)
     out: list[Piece] = []
-    run: list[int] = []
+    start = offset
 
-    def flush() -> None:
-        if run:
-            text = str(tokenizer.decode(run, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+    def flush(end: int) -> None:
+        if end > start:
+            text, anchored = decode_in_place(tokenizer, seq[start:end], seq[:start])
             if out and not out[-1].special:
-                out[-1] = Piece(out[-1].text + text, False)
+                out[-1] = Piece(out[-1].text + text, False, anchored=out[-1].anchored or anchored)
             elif text:
-                out.append(Piece(text, False))
-            run.clear()
+                out.append(Piece(text, False, anchored=anchored))
 
-    for i in ids:
-        if i in specials:
-            flush()
-            out.append(Piece(specials[i], True))
-        else:
-            run.append(int(i))
-    flush()
+    for j in range(offset, len(seq)):
+        if seq[j] in specials:
+            flush(j)
+            out.append(Piece(specials[seq[j]], True))
+            start = j + 1
+    flush(len(seq))
     return out
 
 
@@ -176,37 +192,6 @@ def shown(text: str) -> str:
     return "".join(out)
 
 
-def encode_plain(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """Ordinary text to ids, never matching a markup token inside it: a student that spelled
-    "<think>" with ordinary tokens did not open a think block. Special tokens are split by the
-    tokenizer itself; other added tokens (always matched by `tokenizers`) are encoded in two
-    halves, which decode to the same text."""
-    if not text:
-        return []
-    markup = sorted(
-        {t.content for t in tokenizer.added_tokens_decoder.values() if not t.special and t.content},
-        key=len,
-        reverse=True,
-    )
-    parts = _split_markup(text, markup)
-    ids: list[int] = []
-    for part, is_markup in parts:
-        chunks = [part[:1], part[1:]] if is_markup else [part]
-        for chunk in chunks:
-            if chunk:
-                ids += tokenizer(chunk, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-    return ids
-
-
-def _split_markup(text: str, markup: list[str]) -> list[tuple[str, bool]]:
-    """`text` as (piece, is_markup) runs around the occurrences of `markup` strings."""
-    if not markup:
-        return [(text, False)]
-    # Longest first, so `</think>` is matched whole rather than as a shorter string inside it.
-    pattern = re.compile("(" + "|".join(re.escape(m) for m in markup) + ")")
-    return [(part, i % 2 == 1) for i, part in enumerate(pattern.split(text)) if part]
-
-
 def same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:
     return a is b or (a.get_vocab() == b.get_vocab() and special_tokens(a) == special_tokens(b))
 
@@ -219,17 +204,18 @@ class Bridged:
     source: list[Piece]  # the near side's pieces, specials renamed to the far side's
     dropped: list[str] = field(default_factory=list)  # specials with no counterpart
     lossless: bool = True
+    # A run was read or written after an anchor (anchor.py): alone, it would not have crossed as
+    # the same text. With `lossless`, the anchor is what made this conversion lossless.
+    anchored: bool = False
 
     @property
     def text(self) -> str:
         return readable(self.source)
 
 
-def unicode_form(tokenizer: PreTrainedTokenizerBase) -> Literal["NFC", "NFD", "NFKC", "NFKD"] | None:
-    """The unicode normal form the tokenizer's normalizer puts text in (None: it keeps text as is)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    form = type(getattr(backend, "normalizer", None)).__name__
-    return form if form in ("NFC", "NFD", "NFKC", "NFKD") else None  # type: ignore[return-value]
+# The ids a conversion continues (`TokenizerBridge.to_teacher(ids, after=...)`): the same sequence's
+# ids before `ids` on the near side, and the far side's ids of that same text.
+After = tuple[Sequence[int], Sequence[int]]
 
 
 class TokenizerBridge:
@@ -251,29 +237,35 @@ class TokenizerBridge:
         """`text` in the pair's unicode form: what "the same text" means across the seam."""
         return unicodedata.normalize(self.form, text) if self.form else text
 
-    def to_teacher(self, student_ids: Sequence[int]) -> Bridged:
+    def to_teacher(self, student_ids: Sequence[int], after: After = ((), ())) -> Bridged:
+        """The student's ids in the teacher's tokens. `after`: what they continue (the student's
+        ids before them, the teacher's ids of that text); nothing: the start of a response."""
         return self._convert(
             student_ids,
             (self.student, self.student_specials),
             (self.teacher, self.teacher_specials),
             self.to_teacher_map,
             self.canon,
+            after,
         )
 
-    def to_student(self, teacher_ids: Sequence[int]) -> Bridged:
+    def to_student(self, teacher_ids: Sequence[int], after: After = ((), ())) -> Bridged:
+        """The teacher's ids in the student's tokens; `after` as in `to_teacher`, sides swapped
+        (a continuation: the teacher's prefix ids, then the student's)."""
         return self._convert(
             teacher_ids,
             (self.teacher, self.teacher_specials),
             (self.student, self.student_specials),
             self.to_student_map,
             self.canon,
+            after,
         )
 
-    def student_pieces(self, ids: Sequence[int]) -> list[Piece]:
-        return pieces(self.student, ids, self.student_specials)
+    def student_pieces(self, ids: Sequence[int], before: Sequence[int] = ()) -> list[Piece]:
+        return pieces(self.student, ids, self.student_specials, before)
 
-    def teacher_pieces(self, ids: Sequence[int]) -> list[Piece]:
-        return pieces(self.teacher, ids, self.teacher_specials)
+    def teacher_pieces(self, ids: Sequence[int], before: Sequence[int] = ()) -> list[Piece]:
+        return pieces(self.teacher, ids, self.teacher_specials, before)
 
     @staticmethod
     def _convert(
@@ -282,11 +274,14 @@ class TokenizerBridge:
         dst: tuple[PreTrainedTokenizerBase, dict[int, str]],
         mapping: dict[str, tuple[str, int]],
         canon: Callable[[str], str] = str,
+        after: After = ((), ()),
     ) -> Bridged:
+        near_before, far_before = after
         out: list[int] = []
         renamed: list[Piece] = []
         dropped: list[str] = []
-        for piece in pieces(src[0], ids, src[1]):
+        anchored = False
+        for piece in pieces(src[0], ids, src[1], near_before):
             if piece.special:
                 if piece.text not in mapping:
                     dropped.append(piece.text)
@@ -296,10 +291,14 @@ class TokenizerBridge:
                 out.append(token_id)
                 renamed.append(Piece(name, True))
             else:
-                out.extend(encode_plain(dst[0], piece.text))
+                # Written in place: after the far side's prefix and what this conversion wrote.
+                encoded = encode_after(dst[0], piece.text, [*far_before, *out])
+                out.extend(encoded.ids)
+                anchored = anchored or piece.anchored or encoded.anchored
                 renamed.append(piece)
-        lossless = canon(flat(pieces(dst[0], out, dst[1]))) == canon(flat(renamed)) and not dropped
-        return Bridged(ids=out, source=renamed, dropped=dropped, lossless=lossless)
+        far = flat(pieces(dst[0], out, dst[1], far_before))
+        lossless = canon(far) == canon(flat(renamed)) and not dropped
+        return Bridged(ids=out, source=renamed, dropped=dropped, lossless=lossless, anchored=anchored)
 
 
 def _special_map(src: PreTrainedTokenizerBase, dst: PreTrainedTokenizerBase) -> dict[str, tuple[str, int]]:

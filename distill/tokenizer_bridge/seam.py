@@ -1,11 +1,13 @@
 """The seam check: is the trip student ids -> text -> teacher ids -> text -> student ids lossless?
 
-For every text, each tokenizer must round-trip it on its own (text -> ids -> text), and at cut
-points through the student's ids (including cuts inside words and inside multi-byte characters,
-which are moved back to the character boundary as training does) the prefix must cross to the
-teacher unchanged, the teacher's continuation must cross back unchanged, and prefix plus
-continuation must read as the original text on both sides. Special tokens must map to special
-tokens (never appear as literal text on the far side). Every failure is kept with an example.
+For every text, each tokenizer must round-trip it on its own (text -> the ids it writes for it ->
+text), and at cut points through the student's ids (including cuts inside words and inside
+multi-byte characters, which are moved back to the character boundary as training does) the
+prefix must cross to the teacher unchanged, the teacher's continuation (read and written in
+place, after the prefix: anchor.py) must cross back unchanged, and prefix plus continuation must
+read as the original text on both sides. Special tokens must map to special tokens (never appear
+as literal text on the far side). Every failure is kept with an example; the seams that crossed
+only through an anchor are counted (`SeamReport.anchored`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from distill.tokenizer_bridge.anchor import text_ids
 from distill.tokenizer_bridge.bridge import (
     Piece,
     TokenizerBridge,
@@ -65,6 +68,10 @@ class SeamReport:
     teacher_tokens: int = 0
     # Student specials with no teacher counterpart (dropped if they ever occur in a prefix).
     unmapped: list[str] = field(default_factory=list)
+    # Seams (cuts) that crossed losslessly both ways only because a run was read or written after
+    # an anchor: read and written alone, they would have gained or lost a space.
+    anchored: int = 0
+    seams: int = 0
 
     @property
     def ok(self) -> bool:
@@ -136,8 +143,7 @@ def check_pair(
         # What the student can write at all: its normalizer's form of the text (real Qwen3 composes
         # NFC, so an NFD `e\u0301` is `é` to it). The seams are checked on that text.
         text = normalized(student, raw)
-        s_ids = list(student(text, add_special_tokens=False)["input_ids"])
-        t_ids = list(teacher(text, add_special_tokens=False)["input_ids"])
+        s_ids, t_ids = text_ids(student, text), text_ids(teacher, text)
         report.student_tokens += len(s_ids)
         report.teacher_tokens += len(t_ids)
         for name, ids, pieces_of, own in (
@@ -153,7 +159,9 @@ def check_pair(
             f"{text[:32]!r}: a special token crossed as literal text",
         )
         for k in cut_points(len(s_ids), cuts):
-            _check_cut(bridge, s_ids, clean_cut(student, s_ids, k), whole_student, whole_teacher.source, rows)
+            k = clean_cut(student, s_ids, k)
+            report.seams += 1
+            report.anchored += _check_cut(bridge, s_ids, k, whole_student, whole_teacher.source, rows)
     return report
 
 
@@ -164,8 +172,9 @@ def _check_cut(
     whole_student: str,
     whole_teacher: Sequence[Piece],
     rows: dict[str, CheckRow],
-) -> None:
-    """One seam: the student wrote s_ids[:k], the teacher writes the rest in its own tokens."""
+) -> bool:
+    """One seam: the student wrote s_ids[:k], the teacher writes the rest in its own tokens.
+    True when it crossed losslessly both ways only through an anchor."""
     # Texts compare in the pair's unicode form (`TokenizerBridge.canon`): one side's NFD is the
     # other side's NFC, the same text.
     canon = bridge.canon
@@ -173,19 +182,19 @@ def _check_cut(
     label = f"cut {k}/{len(s_ids)} of {readable(bridge.student_pieces(s_ids))[:32]!r}"
     got = flat(bridge.teacher_pieces(prefix.ids))
     rows["prefix -> teacher"].record(prefix.lossless, f"{label}: {_diff(flat(prefix.source), got)}")
-    # The teacher's continuation, as the teacher would tokenize the rest of the text.
-    rest = bridge.to_teacher(s_ids[k:]).ids
-    got = flat(bridge.teacher_pieces(prefix.ids + rest))
-    rows["seam (teacher side)"].record(
-        canon(got) == canon(flat(whole_teacher)), f"{label}: {_diff(flat(whole_teacher), got)}"
-    )
-    back = bridge.to_student(rest)
-    got = flat(bridge.student_pieces(back.ids))
+    # The teacher's continuation, as the teacher would write the rest of the text after the prefix.
+    rest = bridge.to_teacher(s_ids[k:], after=(s_ids[:k], prefix.ids))
+    got = flat(bridge.teacher_pieces(prefix.ids + rest.ids))
+    teacher_ok = canon(got) == canon(flat(whole_teacher))
+    rows["seam (teacher side)"].record(teacher_ok, f"{label}: {_diff(flat(whole_teacher), got)}")
+    back = bridge.to_student(rest.ids, after=(prefix.ids, s_ids[:k]))
+    got = flat(bridge.student_pieces(back.ids, s_ids[:k]))
     rows["continuation -> student"].record(back.lossless, f"{label}: {_diff(flat(back.source), got)}")
     got = flat(bridge.student_pieces(s_ids[:k] + back.ids))
-    rows["seam (student side)"].record(
-        canon(got) == canon(whole_student), f"{label}: {_diff(whole_student, got)}"
-    )
+    student_ok = canon(got) == canon(whole_student)
+    rows["seam (student side)"].record(student_ok, f"{label}: {_diff(whole_student, got)}")
+    crossed = prefix.lossless and teacher_ok and back.lossless and student_ok
+    return crossed and (prefix.anchored or rest.anchored or back.anchored)
 
 
 def _leaks(source: Sequence[Piece], far: Sequence[Piece], far_tokenizer: PreTrainedTokenizerBase) -> bool:

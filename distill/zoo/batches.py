@@ -14,10 +14,19 @@ if TYPE_CHECKING:
     from distill.zoo.recipes import ModelRecipe
 
 Example = tuple[list[int], list[int]]  # token ids and their labels (-100: no loss)
+# Above this many rows the model's own loss would hold [B, T, V] logits (gigabytes at a 32k
+# vocabulary) and spend most of a step on positions without a label: the CE runs through the
+# chunked head on the labelled positions instead (kernels/states.py). The trained families'
+# 1-2k-row heads keep the model's own loss, so their builds stay exactly as they were.
+CHUNKED_HEAD_ROWS = 8192
 
 
 def step_loss(model: Any, batch: list[Example], recipe: ModelRecipe, pad_id: int) -> torch.Tensor:
     """The mean CE over the batch's labelled tokens, laid out as the recipe says."""
+    if model.config.vocab_size > CHUNKED_HEAD_ROWS and not recipe.pack:
+        from distill.kernels.states import ce_loss
+
+        return ce_loss(model, model, padded_batch(batch, pad_id))
     if recipe.share_prefix and len(batch) > 1 and common_prefix_length(batch) > 0:
         return shared_prefix_loss(model, batch, pad_id)
     inputs = packed_batch(batch, pad_id) if recipe.pack else padded_batch(batch, pad_id)

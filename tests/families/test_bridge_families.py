@@ -1,8 +1,9 @@
-"""`distill bridge check` on the family matrix's cross-family pairs: lossless seams, the special-token
-map by meaning, and both sides' row counts."""
+"""`distill bridge check` on the family matrix's cross-family pairs: lossless seams (a sentencepiece
+teacher's read and written in place), the special-token map by meaning, and both sides' row counts."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ def qwen3(families: Any) -> Any:
     return AutoTokenizer.from_pretrained(families.tokenizers["qwen3"])
 
 
-@pytest.mark.parametrize("teacher", ["gpt2", "llama3"])
+@pytest.mark.parametrize("teacher", ["gpt2", "llama3", "mistral"])
 def test_each_cross_pair_round_trips(teacher: str, qwen3: Any, families: Any) -> None:
     other = AutoTokenizer.from_pretrained(families.tokenizers[teacher])
     for student, far in ((qwen3, other), (other, qwen3)):
@@ -53,11 +54,16 @@ def test_bridge_check_cli_on_the_eos_pad_pair(
     assert "student -> teacher: <|im_end|> (151645, end) -> <|endoftext|> (50256)" in out
 
 
-def test_a_sentencepiece_seam_is_reported_lossy(qwen3: Any, families: Any) -> None:
-    """A sentencepiece run decodes alone without its leading space (the Metaspace decoder strips
-    it), so text cut at a seam before `▁word` loses that space when it crosses: the check says so,
-    and ROSE on this pair is refused before its run exists (tests/families/test_matrix.py)."""
-    other = AutoTokenizer.from_pretrained(families.tokenizers["mistral"])
-    report = check_pair(qwen3, other, TEXTS + hard_texts(qwen3, other), cuts=8)
-    assert not report.ok
-    assert any(row.failures for row in report.rows if not row.ok)
+def test_bridge_check_cli_on_the_sentencepiece_pair(
+    families: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mistral's sentencepiece teacher: a run decoded alone loses its leading `▁` space and a text
+    encoded alone gains a dummy one, so its seams cross read and written in place; the check says
+    lossless and how many seams needed the anchor."""
+    args = ["bridge", "check", "--student", families["s-qwen3"], "--teacher", families["t-mistral"]]
+    result = run_cli([*args, "--items", "2", "--cuts", "6"], tmp_path, monkeypatch)
+    assert result.exit_code == 0, result.output[-3000:]
+    assert "result: lossless" in result.output
+    anchors = re.search(r"anchors: (\d+) of (\d+) seams", result.output)
+    assert anchors is not None and 0 < int(anchors[1]) <= int(anchors[2]), result.output
+    assert "teacher -> student: </s> (2, end) -> <|im_end|> (151645)" in result.output

@@ -97,6 +97,7 @@ RUNS = [
         "kl/topk_share",
         id="mistral-opd-forward_kl_topk",
     ),
+    pytest.param("mistral-sft", "s-qwen3", "t-mistral", "sft", [], "train/ce_loss", id="mistral-sft"),
     pytest.param(
         "gap-always",
         "s-qwen3-gap",
@@ -155,6 +156,24 @@ def test_cross_family_student_sampling_in_the_gap(
     assert any(s.get("student/out_of_vocab_rate", 0) > 0 for s in steps)
 
 
+def test_rose_from_a_sentencepiece_teacher(
+    families: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three ROSE steps from Mistral's sentencepiece vocabulary to Qwen3's: the teacher's
+    continuation starts with `▁word` after the student's prefix, read and written in place
+    (tokenizer_bridge/anchor.py), where it used to be refused as lossy before the run existed."""
+    args = ["run", "--domain", "rlve", "--method", "rose", f"student.name={families['s-qwen3']}"]
+    args += [f"teacher.name={families['t-mistral']}", *SHORT, *METHOD_ARGS["rose"], "optim.max_steps=3"]
+    result = run_cli([*args, "tracking.run_name=mistral-rose"], tmp_path, monkeypatch)
+    assert result.exit_code == 0, result.output[-3000:]
+    steps = train_steps(tmp_path, "mistral-rose")
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    for step in steps:
+        assert step["teacher/seam_failure_rate"] < 1.0 and step["train/ce_loss"] > 0, step
+    # The anchors carried seams that would have gained or lost a space.
+    assert sum(s["bridge/anchor_rescue_rate"] for s in steps) > 0
+
+
 # (cell, student, teacher, method, overrides, the refusal's words)
 REFUSALS = [
     pytest.param(
@@ -175,16 +194,6 @@ REFUSALS = [
         ["student.chat_template={root}"],
         "student.chat_template: no such file",
         id="template-is-a-folder",
-    ),
-    # A sentencepiece piece decoded on its own loses its leading space: ROSE's seam, where the
-    # teacher goes on from the student's text, would drop it (methods/pair.py).
-    pytest.param(
-        "s-qwen3",
-        "t-mistral",
-        "rose",
-        [],
-        "rose: the tokenizer bridge",
-        id="mistral-rose",
     ),
 ]
 
