@@ -14,11 +14,12 @@ observation; `meta["steps"]`, a list of {action, observation}; `meta["gold_score
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from distill.engines.base import Completion
 from distill.episodes.episode import BridgedCompletion, Episode, frame_for
+from distill.episodes.play import end_turn
 from distill.tokenizer_bridge.bridge import trim_partial
 
 if TYPE_CHECKING:
@@ -143,11 +144,20 @@ class BridgedAgent:
     wrote them, so its KV cache stays a prefix) in its own chat template, and its turn's ids
     cross back into the episode's tokens, special tokens by role and never as text."""
 
-    def __init__(self, agent: EngineAgent, script: Script, bridge: TokenizerBridge) -> None:
+    def __init__(
+        self,
+        agent: EngineAgent,
+        script: Script,
+        bridge: TokenizerBridge,
+        turn_end: Callable[[str], int | None] | None = None,
+    ) -> None:
         self.agent = agent
         self.writer = agent.writer
         self.script = script
         self.bridge = bridge
+        # The domain's end of a turn (`EpisodicDomain.turn_end`): a turn is cut there in the
+        # writer's own tokens, as a same-family turn is in the episode's (play.end_turn).
+        self.turn_end = turn_end
         engine = agent.engine
         self.frame = frame_for(engine.tokenizer, engine.enable_thinking)
         # Per episode (by uid): its turns this agent wrote, by turn index, in the agent's ids.
@@ -168,6 +178,10 @@ class BridgedAgent:
         for ep, view, comp in zip(episodes, views, self.agent.act(views), strict=True):
             if view.error is not None:  # the agent could not write this turn (its context is full)
                 ep.error = view.error
+            written = comp
+            if self.turn_end is not None:  # its run-on text (an invented observation) never crosses
+                comp = end_turn(comp, self.turn_end(comp.text), self.bridge.teacher)
+            # What the episode holds of this turn is what the agent reads of it next turn.
             self.own[ep.uid][len(ep.turns)] = list(comp.ids)
             kept = trim_partial(self.bridge.teacher, comp.ids) if comp.truncated else list(comp.ids)
             back = self.bridge.to_student(kept)
@@ -180,6 +194,7 @@ class BridgedAgent:
                     truncated=comp.truncated,
                     source_tokens=len(comp.ids),
                     seam_ok=view.seam_ok and back.lossless,
+                    stopped=comp is not written,
                 )
             )
         return out

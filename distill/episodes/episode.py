@@ -81,6 +81,8 @@ class BridgedCompletion(Completion):
 
     source_tokens: int = 0
     seam_ok: bool = True
+    # Cut at the domain's end of a turn in the writer's own tokens (Turn.stopped).
+    stopped: bool = False
 
 
 @dataclass

@@ -220,13 +220,13 @@ def _write_turns(domain: EpisodicDomain, table: _Table, policy: Policy) -> None:
                 (comp.source_tokens, comp.seam_ok) if isinstance(comp, BridgedCompletion) else (None, True)
             )
             written = comp
-            if source_tokens is None:  # a bridged turn's ids are another tokenizer's text: kept whole
+            if source_tokens is None:  # a bridged turn was cut by its agent, in its own tokens
                 comp = end_turn(comp, domain.turn_end(comp.text), ep.tokenizer)
             action = domain.parse_action(comp.text)
             turn = ep.add_turn(
                 agent.writer, comp.ids, comp.text, comp.truncated, action, source_tokens, seam_ok
             )
-            turn.stopped = comp is not written
+            turn.stopped = comp is not written or (isinstance(comp, BridgedCompletion) and comp.stopped)
 
 
 def end_turn(comp: Completion, end: int | None, tokenizer: PreTrainedTokenizerBase | None) -> Completion:

@@ -100,7 +100,7 @@ def play_batch(ctx: RunContext, engine: HFEngine, items: list[Any], rng: random.
         teacher: Any = EngineAgent(ctx.teacher, "teacher", cfg.teacher_sampling(), cfg.eval.batch_size)
         if not same_tokenizer(ctx):
             bridge = TokenizerBridge(ctx.student.tokenizer, ctx.teacher.tokenizer)
-            teacher = BridgedAgent(teacher, domain.script, bridge)
+            teacher = BridgedAgent(teacher, domain.script, bridge, domain.turn_end)
         policy = handover(student, teacher, student_turns_for(method, rng, len(items)))
     tokenizer = ctx.student.tokenizer
     return play(domain, items, policy, tokenizer, frame_for(tokenizer, ctx.student.enable_thinking))

@@ -61,16 +61,18 @@ def _far_item(game: TextGame) -> Any:
     return next(i for i in game.train_items() if len(i.meta["steps"]) >= 3)
 
 
-def _play_bridged(engines: tuple[Any, Any], teacher_texts: list[str], raw: list[int] | None = None) -> Any:
+def _play_bridged(
+    engines: tuple[Any, Any], teacher_texts: list[str], raw: list[int] | None = None, stop: bool = False
+) -> Any:
     student, teacher = engines
-    game = TextGame(TextGameConfig(max_turns=3))
+    game = TextGame(TextGameConfig(max_turns=3, stop_at_action=stop))
     item = _far_item(game)
     move = item.meta["steps"][0]["action"]
     # Qwen has no <|eot_id|>: the student spelled it as ordinary text, which must stay text.
     me = Scripted(student, "student", [f"Thought: <|eot_id|> stays text.\n\nAction: {move}"])
     them = Scripted(teacher, "teacher", [t.format(move=move) for t in teacher_texts], raw)
     bridge = TokenizerBridge(student.tokenizer, teacher.tokenizer)
-    bridged = BridgedAgent(them, game.script, bridge)
+    bridged = BridgedAgent(them, game.script, bridge, game.turn_end)
     tok = student.tokenizer
     (ep,) = play(game, [item], handover(me, bridged, 1), tok, frame_for(tok, None))
     return ep, them, bridge
@@ -114,6 +116,28 @@ def test_a_bridged_teachers_budget_is_counted_in_its_own_tokens(engines: tuple[A
     assert figures["teacher/ce_target_tokens_mean"] == mean
     assert figures["teacher/ce_target_tokens_max"] == max(teacher_lengths)
     assert figures["teacher/ce_target_share"] == mean / 32
+
+
+def test_a_bridged_turn_ends_at_the_domains_turn_end(engines: tuple[Any, Any]) -> None:
+    """A cross-family teacher that runs on past its action (an invented observation, a second
+    `Action:`) is cut at the domain's turn end, as a same-family turn is: the episode, the action
+    parsed and the teacher's own view of its turn next time all end there, with its EOS."""
+    run_on = "Go {move}.\nAction: {move}\nThe counter is at 42.\nAction: jump"
+    ep, them, _ = _play_bridged(engines, [run_on], stop=True)
+    qwen, llama = engines[0].tokenizer, engines[1].tokenizer
+    teacher = [t for t in ep.turns if t.writer == "teacher"]
+    assert len(teacher) == 2 and ep.error is None
+    for turn in teacher:
+        assert turn.stopped and turn.action != "jump" and "counter" not in turn.response
+        assert turn.response.endswith(f"Action: {turn.action}") and turn.ids[-1] == qwen.eos_token_id
+        assert "counter" not in qwen.decode(turn.ids) and turn.seam_ok
+        assert turn.source_tokens == len(llama(turn.response, add_special_tokens=False)["input_ids"]) + 1
+    # The teacher's next view holds its first turn as the episode does: cut, then its EOS.
+    mine = them.views[1].turns[1].ids
+    assert "counter" not in llama.decode(mine) and mine[-1] == llama.eos_token_id
+    # Without the domain's turn end (stop_at_action off) the whole text stays, as before.
+    ep, _, _ = _play_bridged(engines, [run_on], stop=False)
+    assert all(t.action == "jump" and not t.stopped for t in ep.turns if t.writer == "teacher")
 
 
 def test_a_lossy_seam_is_flagged_and_its_special_never_leaks(engines: tuple[Any, Any]) -> None:

@@ -31,11 +31,11 @@ from distill.domains.sciworld.prompt import (
     FIRST_REPLY,
     INSTRUCTION,
     INVALID_ACTION,
-    UNKNOWN_ACTION,
     action_end,
     first_observation,
     format_response,
     parse_action,
+    refused,
 )
 from distill.episodes.play import ScriptedAgent, play, single
 from distill.episodes.protocol import EnvReply, Script
@@ -105,7 +105,7 @@ class SciWorldEnvs:
                     score=int(reply["score"]),
                     done=bool(reply["completed"] if slot in self.replays else reply["done"]),
                     moves=int(reply["moves"]),
-                    valid=not observation.startswith(UNKNOWN_ACTION),
+                    valid=not refused(observation),
                 )
             )
         return out

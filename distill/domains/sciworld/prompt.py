@@ -51,8 +51,20 @@ INVALID_ACTION = (
     "Thought:\nyour thoughts.\n\nAction:\nyour next action"
 )
 
-# What the simulator answers to an action it cannot parse.
-UNKNOWN_ACTION = "No known action matches that input."
+# What the simulator answers to an action it did not carry out (scienceworld 1.2.3, live): one it
+# cannot parse; one that names several objects ("open door" beside two doors: it lists them and
+# asks for a number, no move taken); and anything but a number after that question (it answers
+# this, and takes a move).
+REFUSALS = (
+    "No known action matches that input.",
+    "Ambiguous request:",
+    "Unknown action.",
+)
+
+
+def refused(observation: str) -> bool:
+    """Whether the simulator's answer says the action was not carried out (an invalid action)."""
+    return observation.lstrip().startswith(REFUSALS)
 
 
 def first_observation(task_description: str, observation: str) -> str:

@@ -307,3 +307,37 @@ def test_a_detour_recipe_adds_its_played_detours_to_the_gold_rows(
         gold_ids, gold_labels = max(plain, key=lambda row: shared(ids, row[0]))
         assert len(ids) > len(gold_ids)
         assert sum(label == IGNORE for label in labels) > sum(label == IGNORE for label in gold_labels)
+
+
+def test_ambiguous_and_unknown_actions_count_as_invalid(
+    sw_domain: SciWorldDomain, tokenizer_dirs: dict[str, Path]
+) -> None:
+    """On the live simulator, "open door" beside several doors is answered with a numbered list
+    (no move); anything but a number after it is "Unknown action." (a move taken). Neither action
+    was carried out; the number that answers the question is."""
+    from transformers import AutoTokenizer
+
+    from distill.engines.base import Completion
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dirs["qwen"])
+    actions = ["open door", "look around", "open door", "0", "look around"]
+
+    class Scripted:
+        writer = "student"
+
+        def act(self, episodes):  # type: ignore[no-untyped-def]  # a scripted test agent
+            texts = [f"Thought: go.\n\nAction: {actions[len(ep.turns)]}" for ep in episodes]
+            return [
+                Completion(ids=tok(t, add_special_tokens=False)["input_ids"], text=t, truncated=False)
+                for t in texts
+            ]
+
+    # Boil water, variation 0: the agent starts in the hallway, between several doors.
+    item = item_of(IndexEntry(index=0, task_id="1-1", task_name="boil", variation=0))
+    (ep,) = play(sw_domain, [item], lambda ep: Scripted(), tok, ChatFrame.of(tok), max_turns=len(actions))
+    assert ep.error is None and [t.action for t in ep.turns] == actions
+    observations = [t.observation for t in ep.turns]
+    assert observations[0].startswith("Ambiguous request:") and observations[1].startswith("Unknown action.")
+    assert observations[3] == "The door is now open."
+    assert [t.valid for t in ep.turns] == [False, False, False, True, True]
+    assert ep.record(sw_domain)["invalid_actions"] == 3
