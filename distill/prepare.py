@@ -18,6 +18,7 @@ from distill.engines.hf import HFEngine
 from distill.engines.placement import Role, cpu_note, place, this_machine
 from distill.engines.server import ServerEngine
 from distill.engines.templates import apply_chat_template
+from distill.engines.worker import WorkerEngine
 from distill.methods import get_method
 from distill.methods.budget import context_checks
 from distill.methods.cross_family import crosses
@@ -27,7 +28,7 @@ from distill.methods.preflight import REFERENCE_MAX_BYTES, preflight_report
 from distill.settings import get_settings
 from distill.zoo import PREFIX as ZOO
 from distill.zoo import resolve_model
-from distill.zoo.check import build_inputs, check_models
+from distill.zoo.check import check_models
 
 if TYPE_CHECKING:
     from distill.config import ModelConfig, RunConfig
@@ -41,16 +42,28 @@ Say = Callable[[str], Any]  # prints a line for the user
 
 
 def load_engine(
-    spec: ModelConfig, config: RunConfig, settings: Settings, part: str | None = None, role: Role = "teacher"
+    spec: ModelConfig,
+    config: RunConfig,
+    settings: Settings,
+    part: str | None = None,
+    role: Role = "teacher",
+    worker: tuple[int, int] | None = None,
 ) -> Engine:
     """The student's or teacher's engine on the device its config and the machine give it
     (engines/placement.py), with the chat template it renders with (engines/templates.py): a
     zoo name is built on first use (`part`: the domain of a mixed run the teacher serves:
-    `zoo:teacher` is that domain's)."""
+    `zoo:teacher` is that domain's). `worker`: (index, count) of a teacher that scores in its
+    own worker process (`worker_slots`): its weights are loaded there, not here."""
     path = resolve_model(spec.name, config.domain, settings, part=part)
     engine: Engine
     if spec.engine == "server":  # engines/compat.py has checked the method can use a served teacher
         engine = ServerEngine.load(path, str(spec.url), spec.server, spec.enable_thinking)
+    elif worker is not None:
+        device = place(spec.device, "teacher_worker", this_machine(), worker=worker)
+        # It loads while the rest of the run is set up; the first question about it waits.
+        engine = WorkerEngine(
+            path, spec.precision, spec.enable_thinking, config.threads, wait=False, device=device
+        )
     else:
         device = place(spec.device, role, this_machine())
         engine = HFEngine.load(path, spec.precision, spec.enable_thinking, device=device)
@@ -60,15 +73,45 @@ def load_engine(
     return engine
 
 
+def worker_slots(config: RunConfig) -> dict[str, tuple[int, int]]:
+    """The domains whose teacher scores in its own worker process (`rollout.async_teacher` with
+    an hf teacher), each with (its worker's index, the workers a trainer process starts): one
+    worker a teacher, shared by the domains it teaches. Empty when no teacher does."""
+    from distill.zoo.build import PART
+
+    if not config.rollout.async_teacher or registry.method_entry(config.method.name).own_teacher:
+        return {}
+    parts = registry.domain_parts(config.domain.name)
+    keys: dict[str, str] = {}
+    for part in parts:
+        spec = config.teacher_of(part)
+        if spec.engine == "hf":
+            # A zoo name in a run over several domains is each domain's own model (resolve_model).
+            own = len(parts) > 1 and spec.name.startswith(ZOO) and PART not in spec.name
+            keys[part] = spec.model_dump_json() + (f"{PART}{part}" if own else "")
+    distinct = list(dict.fromkeys(keys.values()))
+    return {part: (distinct.index(key), len(distinct)) for part, key in keys.items()}
+
+
 def model_devices(config: RunConfig) -> dict[str, str]:
-    """Where each model of the run goes (`student.device`, `teacher.device`); PlacementError, a
-    ConfigError, when the machine cannot honour a field (checked before a run directory exists)."""
+    """Where each model of the run goes (`student.device`, `teacher.device`, a teacher's worker
+    process's device where it scores in one); PlacementError, a ConfigError, when the machine
+    cannot honour a field (checked before a run directory exists)."""
     machine = this_machine()
     out = {"student.device": place(config.student.device, "student", machine)}
+    slots = worker_slots(config)
+    # An own teacher (opsd) is a copy of the student's weights, placed as a teacher, unless it is
+    # the live student itself.
+    live = registry.method_entry(config.method.name).own_teacher and (
+        getattr(config.method, "teacher_weights", "live") == "live"
+    )
     for part, spec in (config.teachers or {"": config.teacher}).items():
-        if spec.engine == "hf" and not registry.method_entry(config.method.name).own_teacher:
+        if spec.engine == "hf" and not live:
             field = f"teachers.{part}.device" if part else "teacher.device"
-            out[field] = place(spec.device, "teacher", machine, field)
+            # `teacher` of every domain: each domain's worker where they differ (zoo:teacher).
+            mine = [slot for p, slot in slots.items() if p == part or not part]
+            placed = [place(spec.device, "teacher_worker", machine, field, worker=slot) for slot in mine]
+            out[field] = placed[0] if placed else place(spec.device, "teacher", machine, field)
     return out
 
 
@@ -133,13 +176,15 @@ class Prepared:
     teachers: dict[str, Engine]
 
 
-def load_teachers(config: RunConfig, settings: Settings) -> dict[str, Engine]:
+def load_teachers(config: RunConfig, settings: Settings, workers: bool = True) -> dict[str, Engine]:
     """Each domain's teacher of a run over several domains, each loaded once (two domains with
-    one teacher share its engine); empty for a one-domain run."""
+    one teacher share its engine); empty for a one-domain run. `workers`: a teacher that scores
+    in its worker process (`worker_slots`) is loaded there; False: every one in this process."""
     parts = registry.domain_parts(config.domain.name)
     if len(parts) == 1:
         return {}
     own = registry.method_entry(config.method.name).own_teacher
+    slots = worker_slots(config) if workers else {}
     loaded: dict[tuple[str, str], Engine] = {}
     out: dict[str, Engine] = {}
     for part in parts:
@@ -148,9 +193,16 @@ def load_teachers(config: RunConfig, settings: Settings) -> dict[str, Engine]:
         path = spec.name if own else resolve_model(spec.name, config.domain, settings, part=part)
         key = (path, spec.model_dump_json())
         if key not in loaded:
-            loaded[key] = load_engine(spec.model_copy(update={"name": path}), config, settings)
+            named = spec.model_copy(update={"name": path})
+            loaded[key] = load_engine(named, config, settings, worker=slots.get(part))
         out[part] = loaded[key]
     return out
+
+
+def load_teacher(config: RunConfig, settings: Settings, workers: bool = True) -> Engine:
+    """A one-domain run's teacher (in its worker process where it scores there: `load_teachers`)."""
+    slot = worker_slots(config).get(config.domain.name) if workers else None
+    return load_engine(config.teacher, config, settings, worker=slot)
 
 
 def prepare(config: RunConfig, settings: Settings) -> Prepared:
@@ -170,7 +222,7 @@ def prepare(config: RunConfig, settings: Settings) -> Prepared:
     try:
         student = load_student(config, settings)
         teachers = load_teachers(config, settings)
-        teacher = next(iter(teachers.values())) if teachers else load_engine(config.teacher, config, settings)
+        teacher = next(iter(teachers.values())) if teachers else load_teacher(config, settings)
     except BaseException:
         domain.close()
         raise
@@ -234,13 +286,13 @@ def preflight(
 ) -> str | None:
     """Template / thinking / self-score checks for on-policy methods, each domain's teacher on its
     own domain's prompts; raises PreflightError. A run keeps the report, passed or failed, in
-    `preflight.json` (what diagnose reads; each domain's under `parts.<domain>`)."""
+    `preflight.json` (what diagnose reads; the last domain's when all pass)."""
     texts: list[str] = []
     pairs = each_teacher(config, domain, teacher, teachers)
     for part, cfg, sub, engine in pairs:
         served = cfg.teacher.engine == "server"
         reference = (lambda c=cfg, e=engine: local_reference(c, e)) if served else None
-        report = preflight_report(cfg, sub, student, engine, run, reference, part if len(pairs) > 1 else None)
+        report = preflight_report(cfg, sub, student, engine, run, reference)
         if report is None:
             continue
         texts.append(report.render())
@@ -262,15 +314,15 @@ def local_reference(config: RunConfig, teacher: Engine) -> Engine | None:
 def preflight_only(config: RunConfig, settings: Settings, say: Say) -> str:
     """`distill run --preflight`: load the pair, run the checks, train nothing, write nothing."""
     check_models(config)  # a model or template that cannot load fails in one line, first
-    build_inputs(config, settings)  # items and zoo models, in one line when they cannot be made
     check_pair(config, settings)
     if note := device_note(config):
         say(note)
     domain = build_domain(config.domain)
     try:
         student = load_student(config, settings)
-        teachers = load_teachers(config, settings)
-        teacher = next(iter(teachers.values())) if teachers else load_engine(config.teacher, config, settings)
+        # Nothing is scored ahead here: every teacher in this process, workers or not.
+        teachers = load_teachers(config, settings, workers=False)
+        teacher = next(iter(teachers.values())) if teachers else load_teacher(config, settings, workers=False)
         checked = config.model_copy(update={"preflight": True})
         text = preflight(checked, domain, student, teacher, say, teachers=teachers)
     finally:

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distill import __version__, launch, registry
+from distill import __version__, launch
 from distill.archive.manifest import build_manifest, check_same_start
 from distill.config import RunConfig, dump_config
 from distill.diagnose.findings import Severity
@@ -30,7 +30,6 @@ from distill.diagnose.records import load_run
 from distill.diagnose.report import build_report
 from distill.engines.compat import check_config
 from distill.engines.hf import HFEngine
-from distill.engines.placement import place, this_machine
 from distill.methods.context import RunContext, train_or_take_final
 from distill.methods.preflight import PreflightError, failure_entry
 from distill.prepare import budget_warnings, check_pair, device_note, model_devices, preflight, prepare
@@ -41,7 +40,7 @@ from distill.tracking.record import log_record, open_run_tracker
 from distill.tracking.record import repair_runs as repair
 from distill.tracking.rundir import RunDir, new_run_id, resolve_tracking_uri, step_of
 from distill.tracking.steplog import SilentLog, StepLog
-from distill.zoo.check import build_inputs, check_models
+from distill.zoo.check import check_models
 
 if TYPE_CHECKING:
     from distill.domains.base import Domain
@@ -89,7 +88,6 @@ def execute(
         check_models(config)  # a typo'd model fails in a second, not after a run dir exists
         check_pair(config, settings)  # a pair whose tokenizers the method cannot cross, too
         model_devices(config)  # and a device the machine lacks
-        build_inputs(config, settings)  # items and zoo models: a failure there is the input's
         run = RunDir.create(
             settings.runs_dir, config.tracking.run_name or new_run_id(config.domain.name, config.method.name)
         )
@@ -324,10 +322,8 @@ def _manifest(job: Job, student: Engine, teacher: Engine, teachers: dict[str, En
     packages, hardware) and refuses models that changed since: the rest of the run would train
     against another teacher; its own git state and packages go under `resumes`."""
     cfg = job.config
-    spec = cfg.teacher_of(registry.domain_parts(cfg.domain.name)[0])  # `teacher`: the first domain's
-    worker = cfg.rollout.async_teacher and spec.engine == "hf"
-    worker_device = place(spec.device, "teacher_worker", this_machine()) if worker else None
-    manifest = build_manifest(cfg, job.argv, job.tracker.run_id, student, teacher, worker_device, teachers)
+    # Each model's device is read from its engine (a teacher's worker process says its own).
+    manifest = build_manifest(cfg, job.argv, job.tracker.run_id, student, teacher, teachers)
     previous = job.run.read_manifest() if job.resume_from is not None and job.run.manifest.exists() else None
     if previous is not None:
         check_same_start(previous, manifest)

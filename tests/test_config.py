@@ -390,6 +390,45 @@ def test_opsd_with_another_teacher_is_an_error_naming_the_field() -> None:
         resolve_config("rlve", "opsd", overrides=["teacher.name=zoo:teacher"])
 
 
+def test_opsd_honours_its_step0_copys_device_and_precision_and_refuses_what_it_cannot() -> None:
+    """The frozen step-0 copy (teacher_weights=base) is a model of its own: teacher.device and
+    teacher.precision apply to it, and it is placed as a teacher; the live student and the EMA
+    teacher cannot sit elsewhere, and no other teacher field means anything: one line each."""
+    from distill.prepare import model_devices
+
+    cfg = resolve_config("rlve", "opsd", overrides=["teacher.device=cpu", "teacher.precision=bf16"])
+    assert (cfg.teacher.device, cfg.teacher.precision) == ("cpu", "bf16")
+    assert (cfg.student.device, cfg.student.precision) == ("auto", "fp32")
+    assert cfg.teacher.name == cfg.student.name
+    assert model_devices(cfg)["teacher.device"] == "cpu"
+    # Saved and read back (a resume): the same teacher.
+    assert RunConfig.model_validate(cfg.model_dump(mode="json")).teacher == cfg.teacher
+    ema = resolve_config("rlve", "opsd", overrides=["method.teacher_weights=ema", "teacher.precision=bf16"])
+    assert ema.teacher.precision == "bf16"
+    refused = [
+        (
+            ["method.teacher_weights=live", "teacher.device=cpu"],
+            "teacher.device=cpu: opsd's teacher is the student",
+        ),
+        (
+            ["method.teacher_weights=live", "teacher.precision=bf16"],
+            "with method.teacher_weights=live it has",
+        ),
+        (
+            ["method.teacher_weights=ema", "teacher.device=cpu"],
+            "with method.teacher_weights=ema it has the student's",
+        ),
+        (
+            ["teacher.enable_thinking=true"],
+            "teacher.enable_thinking=True: .* only teacher.device and teacher.precision",
+        ),
+    ]
+    for overrides, message in refused:
+        with pytest.raises(ConfigError, match=message) as info:
+            resolve_config("rlve", "opsd", overrides=overrides)
+        assert "\n" not in str(info.value)
+
+
 def test_loss_family_is_validated() -> None:
     assert resolve_config("rlve", "opd", overrides=["method.loss=jsd", "method.beta=1"]).method.beta == 1.0
     with pytest.raises(ConfigError, match="method.loss"):

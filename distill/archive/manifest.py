@@ -94,14 +94,13 @@ def hardware() -> dict[str, Any]:
     return info
 
 
-def model_record(engine: Engine, worker_device: str | None = None) -> dict[str, Any]:
+def model_record(engine: Engine) -> dict[str, Any]:
     """What the manifest says of one model: its engine's `describe()`, always with a `device`
-    (where it ran: `cpu`, `cuda:N`, or `server` for a model behind an HTTP server), and with
-    `worker_device` where a worker process held a copy of it (rollout.async_teacher)."""
+    (where its weights are: `cpu`, `cuda:N`, or `server` for a model behind an HTTP server); a
+    teacher that scored in its worker process (rollout.async_teacher) says so itself, with the
+    worker's device as `device` and `worker_device` (engines/worker.py)."""
     record = dict(engine.describe())
     record.setdefault("device", "server" if record.get("engine") == "server" else "unknown")
-    if worker_device is not None:
-        record["worker_device"] = worker_device
     return record
 
 
@@ -111,16 +110,15 @@ def build_manifest(
     mlflow_run_id: str,
     student: Engine,
     teacher: Engine,
-    teacher_worker_device: str | None = None,
     teachers: dict[str, Engine] | None = None,
 ) -> dict[str, Any]:
-    """The manifest of a run about to train; `teacher_worker_device`: where the teacher's worker
-    process scores (rollout.async_teacher with the hf engine), None without one. `teachers`: each
-    domain's teacher of a run over several domains, each recorded and pinned as `teacher@<domain>`."""
+    """The manifest of a run about to train, each model's record read from its own engine.
+    `teachers`: each domain's teacher of a run over several domains, each recorded and pinned as
+    `teacher@<domain>`."""
     git = git_tags()
     others = {f"teacher@{part}": engine for part, engine in (teachers or {}).items()}
-    models = {"student": model_record(student), "teacher": model_record(teacher, teacher_worker_device)}
-    models.update({role: model_record(engine, teacher_worker_device) for role, engine in others.items()})
+    models = {"student": model_record(student), "teacher": model_record(teacher)}
+    models.update({role: model_record(engine) for role, engine in others.items()})
     return {
         "distill_version": __version__,
         "argv": list(argv),

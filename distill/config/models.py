@@ -267,18 +267,17 @@ class RunConfig(Strict):
     def _own_teacher_is_the_student(cls, data: Any) -> Any:
         # OPSD has one model: its teacher is the student's own (step-0 / live / EMA) weights.
         method = data.get("method") if isinstance(data, dict) else None
-        name = method.get("name") if isinstance(method, dict) else None
+        name = method.get("name") if isinstance(method, dict) else getattr(method, "name", None)
         if isinstance(name, str) and name in registry.METHODS and registry.METHODS[name].own_teacher:
             student = data.get("student") or {"name": "zoo:student"}
             student = student if isinstance(student, dict) else student.model_dump()
-            teacher = data.get("teacher")
-            named = teacher.get("name") if isinstance(teacher, dict) else getattr(teacher, "name", None)
-            if named not in (None, student.get("name")):
-                raise ValueError(
-                    f"teacher.name={named} but {name}'s teacher is the student itself ({student.get('name')}); "
-                    "drop teacher.name (method.teacher_weights picks base, live or ema weights)"
-                )
-            data = {**data, "teacher": dict(student)}
+            weights = (
+                method.get("teacher_weights", "base")
+                if isinstance(method, dict)
+                else getattr(method, "teacher_weights", "base")
+            )
+            own = _own_teacher(name, str(weights), student, data.get("teacher"))
+            data = {**data, "teacher": own}
         return data
 
     @field_validator("domain", mode="wrap")
@@ -410,6 +409,43 @@ class RunConfig(Strict):
     def teacher_of(self, domain: str) -> ModelConfig:
         """The teacher of one of the run's domains."""
         return self.teachers.get(domain, self.teacher)
+
+
+# What an own teacher (OPSD) may set apart from the student: where its step-0 copy sits and in
+# which precision. The live student has the student's; the EMA teacher averages the student's
+# weights where they train (its precision may differ, its device may not).
+OWN_TEACHER_FIELDS = {"base": ("device", "precision"), "ema": ("precision",), "live": ()}
+
+
+def _own_teacher(method: str, weights: str, student: dict[str, Any], teacher: Any) -> dict[str, Any]:
+    """The teacher section of a method whose teacher is the student itself: the student's, with
+    the fields `OWN_TEACHER_FIELDS` lets the teacher keep; ValueError (one line) for any other
+    field set to something else than the student's."""
+    given = teacher if isinstance(teacher, dict) else {}
+    if isinstance(teacher, ModelConfig):
+        given = teacher.model_dump(include=teacher.model_fields_set)
+    try:
+        mine = ModelConfig.model_validate(student).model_dump()
+    except ValidationError:  # the student's own error is reported where it is validated
+        mine = dict(student)
+    named = given.get("name")
+    if named not in (None, mine.get("name")):
+        raise ValueError(
+            f"teacher.name={named} but {method}'s teacher is the student itself ({mine.get('name')}); "
+            "drop teacher.name (method.teacher_weights picks base, live or ema weights)"
+        )
+    kept = OWN_TEACHER_FIELDS.get(weights, ())
+    for key, value in given.items():
+        if key == "name" or value == mine.get(key) or key in kept:
+            continue
+        if key in OWN_TEACHER_FIELDS["base"]:
+            why = f"with method.teacher_weights={weights} it has the student's {key}"
+        else:
+            why = "only teacher.device and teacher.precision apply to it (its step-0 copy)"
+        raise ValueError(
+            f"teacher.{key}={value}: {method}'s teacher is the student itself, {why}; drop teacher.{key}"
+        )
+    return {**student, **{k: given[k] for k in kept if k in given}}
 
 
 def format_validation_error(exc: ValidationError, prefix: str = "") -> str:

@@ -42,6 +42,31 @@ def _sampling(sampling: Sampling) -> dict[str, Any]:
     return {"do_sample": False}
 
 
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer at `path`, its EOS as the pad token where it has none."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def budget_groups(lengths: Sequence[int], context: int | None, budget: int) -> list[tuple[int, list[int]]]:
+    """The rows of a generation call grouped by the new tokens each may have (the context
+    policy, engines/context.py, per prompt): the rows with room for the whole `budget` in one
+    group, in order, then each shorter room with the rows of its length. Left-padded together,
+    a group's prompts and its budget fit the context, and no row is capped by a batch-mate's
+    length. ContextError for a prompt that leaves no room at all."""
+    groups: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        allowed = room(context, n, budget)
+        if allowed < 1:
+            raise ContextError(f"a prompt of {n} tokens fills the model's {context} positions")
+        groups.setdefault(allowed, []).append(i)
+    return sorted(groups.items(), key=lambda group: -group[0])
+
+
 class HFEngine(ChatPrompts):
     """A transformers model in this process (the `Engine` protocol)."""
 
@@ -70,11 +95,9 @@ class HFEngine(ChatPrompts):
         """The model and tokenizer at `path`, in `precision`, on `device` (a torch device string:
         engines/placement.py decides it from the config's `device` field)."""
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer = load_tokenizer(path)
         dtype = getattr(torch, DTYPES[precision])
         with hf_bars_off():
             if (Path(path) / "adapter_config.json").exists():
@@ -139,8 +162,9 @@ class HFEngine(ChatPrompts):
         suppress_tokens: Sequence[int] = (),
     ) -> list[Completion]:
         """One completion per prompt row (repeat rows for k samples), drawn as `sampling` says
-        (greedy at temperature 0). `suppress_tokens` are never generated (on top of the model's
-        own generation config).
+        (greedy at temperature 0). Each prompt may have the new tokens its own length leaves in
+        the context (`budget_groups`), whatever its batch-mates' lengths. `suppress_tokens` are
+        never generated (on top of the model's own generation config).
         """
         import torch
 
@@ -150,30 +174,27 @@ class HFEngine(ChatPrompts):
             before = self.model.generation_config.suppress_tokens or []
             suppress["suppress_tokens"] = sorted(set(before) | set(suppress_tokens))
 
-        out: list[Completion] = []
-        for start in range(0, len(prompt_ids), batch_size):
-            chunk = prompt_ids[start : start + batch_size]
-            ids, mask = self.left_pad(chunk)
-            # The context policy (engines/context.py): capped at the room the longest prompt leaves.
-            budget = room(self.context, ids.shape[1], sampling.max_new_tokens)
-            if budget < 1:
-                raise ContextError(
-                    f"a prompt of {ids.shape[1]} tokens fills the model's {self.context} positions"
-                )
-            with torch.inference_mode():
-                generated = self.model.generate(  # type: ignore[operator]  # transformers types generate() as a Tensor | Module attribute
-                    input_ids=ids.to(self.model.device),
-                    attention_mask=mask.to(self.model.device),
-                    max_new_tokens=budget,
-                    pad_token_id=self.tokenizer.pad_token_id,
-                    eos_token_id=sorted(eos),
-                    **_sampling(sampling),
-                    **suppress,
-                )
-            out += [self.completion(row, eos) for row in generated[:, ids.shape[1] :].tolist()]
-            if progress is not None:
-                progress(len(chunk))
-        return out
+        out: list[Completion | None] = [None] * len(prompt_ids)
+        lengths = [len(p) for p in prompt_ids]
+        for budget, rows in budget_groups(lengths, self.context, sampling.max_new_tokens):
+            for start in range(0, len(rows), batch_size):
+                chunk = rows[start : start + batch_size]
+                ids, mask = self.left_pad([prompt_ids[i] for i in chunk])
+                with torch.inference_mode():
+                    generated = self.model.generate(  # type: ignore[operator]  # transformers types generate() as a Tensor | Module attribute
+                        input_ids=ids.to(self.model.device),
+                        attention_mask=mask.to(self.model.device),
+                        max_new_tokens=budget,
+                        pad_token_id=self.tokenizer.pad_token_id,
+                        eos_token_id=sorted(eos),
+                        **_sampling(sampling),
+                        **suppress,
+                    )
+                for i, row in zip(chunk, generated[:, ids.shape[1] :].tolist(), strict=True):
+                    out[i] = self.completion(row, eos)
+                if progress is not None:
+                    progress(len(chunk))
+        return [c for c in out if c is not None]
 
     def continue_generate(
         self, ids: Sequence[int], cache: KVCache | None, sampling: Sampling

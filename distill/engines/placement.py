@@ -6,9 +6,11 @@ The rules (DESIGN.md: every model runs where it belongs, and a model left on the
 is said at start):
 
 - `auto`: the GPU the trainer uses when there is one (`cuda:LOCAL_RANK`: accelerate gives each
-  trainer process of a node the GPU of its local rank), else the CPU. The teacher's worker process
-  (`rollout.async_teacher`, engines/worker.py) takes a GPU no trainer process uses when the node
-  has one, else it shares its trainer's.
+  trainer process of a node the GPU of its local rank), else the CPU. A teacher's worker process
+  (`rollout.async_teacher`, engines/worker.py) takes a GPU no trainer process uses: each worker
+  of each trainer process a spare GPU of its own. A node with no spare GPU puts them on their
+  trainer's; one with spare GPUs, but fewer than the workers, is refused (two workers on one
+  spare GPU would each count on all of it).
 - `cuda`: what `auto` picks, but a machine without a GPU is an error (one line naming the field).
 - `cuda:N`: that GPU, which must exist. The student trains where its trainer puts it, so a
   student pinned to another GPU than its trainer's is refused (the trainer would move it, and the
@@ -94,24 +96,37 @@ def field_of(role: Role) -> str:
     return "student.device" if role == "student" else "teacher.device"
 
 
-def _auto_gpu(role: Role, machine: Machine, field: str) -> int:
-    """The GPU `auto` picks on a machine that has one."""
+def _auto_gpu(role: Role, machine: Machine, field: str, worker: tuple[int, int] = (0, 1)) -> int:
+    """The GPU `auto` picks on a machine that has one; `worker`: (this worker's index, the
+    workers of each trainer process) for a teacher's worker."""
     if machine.local_rank >= machine.gpus:
         raise PlacementError(
             f"{field}: this is trainer process LOCAL_RANK={machine.local_rank} but only "
             f"{machine.gpus} GPU{'s are' if machine.gpus != 1 else ' is'} visible"
         )
-    if role == "teacher_worker":
-        # The GPUs past the node's trainer processes are nobody's: one each, in rank order.
-        spare = machine.local_world_size + machine.local_rank
-        if spare < machine.gpus:
-            return spare
+    spare = machine.gpus - machine.local_world_size
+    if role == "teacher_worker" and spare > 0:
+        # The GPUs past the node's trainer processes are nobody's: one a worker, in rank order.
+        index, count = worker
+        wanted = machine.local_world_size * count
+        if spare < wanted:
+            each = f"{count} teacher workers for each of" if count > 1 else "a teacher worker for each of"
+            raise PlacementError(
+                f"{field}: {each} {machine.local_world_size} trainer process"
+                f"{'es' if machine.local_world_size > 1 else ''} needs {wanted} spare GPUs, and "
+                f"{machine.gpu_words()} leave {spare} past the trainers'; pin each teacher's device "
+                "(cuda:N or cpu)"
+            )
+        return machine.local_world_size + machine.local_rank * count + index
     return machine.local_rank
 
 
-def place(requested: str, role: Role, machine: Machine, field: str | None = None) -> str:
+def place(
+    requested: str, role: Role, machine: Machine, field: str | None = None, worker: tuple[int, int] = (0, 1)
+) -> str:
     """The torch device a `role` model goes to when its config asks for `requested` (auto, cpu,
-    cuda, cuda:N) on `machine`; raises PlacementError (one line naming `field`) when it cannot."""
+    cuda, cuda:N) on `machine`; raises PlacementError (one line naming `field`) when it cannot.
+    `worker`: a teacher worker's (index, count) among the workers each trainer process starts."""
     field = field or field_of(role)
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
@@ -124,7 +139,7 @@ def place(requested: str, role: Role, machine: Machine, field: str | None = None
             f"{field}={requested}: torch sees no GPU on this machine; use {field}=auto or {field}=cpu"
         )
     if requested in ("auto", "cuda"):
-        return f"cuda:{_auto_gpu(role, machine, field)}"
+        return f"cuda:{_auto_gpu(role, machine, field, worker)}"
     index = int(requested.split(":")[1])
     if index >= machine.gpus:
         last = f"cuda:0-cuda:{machine.gpus - 1}" if machine.gpus > 1 else "cuda:0"

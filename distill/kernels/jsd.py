@@ -156,6 +156,13 @@ def chunked_jsd(
         raise ValueError(f"beta must be in [0, 1], got {beta}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    elsewhere = {str(t.device) for t in (teacher_N_H, *student_head, *teacher_head) if t is not None}
+    elsewhere -= {str(student_N_H.device)}
+    if elsewhere:  # a matmul across devices would fail deep in the chunk loop
+        raise ValueError(
+            f"chunked_jsd: the student's hidden states are on {student_N_H.device} but a head or the "
+            f"teacher's hidden states on {', '.join(sorted(elsewhere))}: every operand on one device"
+        )
     n_rows = student_N_H.shape[0]
     if n_rows == 0:
         return student_N_H.sum() * 0.0

@@ -112,10 +112,15 @@ def jsd_loss(
 
     Heads with different row counts (Qwen2.5: 151,936 up to 3B, 152,064 from 7B, one tokenizer)
     are compared over the rows both have: the rows past the shorter head are ids no tokenizer
-    entry reaches, and each distribution is renormalised over the shared ones."""
+    entry reaches, and each distribution is renormalised over the shared ones.
+
+    Both heads must be where the student's hidden states are (a teacher's head elsewhere is
+    copied there once, at set-up: methods/targets.py `jsd_head`); the teacher's hidden states
+    are moved there with the batch."""
     mask = mask_B_T.bool()
     student_N_H = select_positions(student_hidden_B_T_H, mask)
-    teacher_N_H = select_positions(teacher_hidden_B_T_H, mask).to(student_N_H.dtype)
+    teacher_B_T_H = teacher_hidden_B_T_H.to(mask.device)
+    teacher_N_H = select_positions(teacher_B_T_H, mask).to(student_N_H.device, student_N_H.dtype)
     return chunked_jsd(
         student_N_H, teacher_N_H, *shared_rows(student_head, teacher_head), beta, temperature=temperature
     )

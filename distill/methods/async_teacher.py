@@ -7,14 +7,21 @@ loader (`lookahead`):
     generate i+1 (student, in process) ........ | wait | train on i
     teacher scores i (server, or worker process) |      | teacher scores i+1 ...
 
+Each teacher scores from a thread of its own, through its engine: a server, or the worker process
+that holds its weights (prepare.py loads an hf teacher there and nowhere else; an in-process
+engine, as a program may hand one, scores from the thread). Two domains of one teacher go to it
+from one thread, one after the other: its time for a batch is the sum of theirs, and the batch's
+teacher time the slowest teacher's.
+
 The staleness is one step and explicit: batch i+1 is sampled by the weights before step i's
 update and trained after it. The loss stays exact for the batch being trained: the student's
 logprobs are recomputed in the loss forward (on_policy.py), and the teacher's belong to the
-tokens actually sampled. `perf/teacher_time_s` is the teacher's own time for the trained batch,
-`perf/teacher_wait_s` what the step waited for it, `perf/overlap_s` the part hidden behind
-generation and training. The first step, and the first after a checkpoint or an epoch's end,
-has nothing in flight and scores synchronously: a run resumed from a checkpoint then continues
-exactly as the uninterrupted one (one synchronous step per `checkpoint.every_steps`).
+tokens actually sampled. `perf/teacher_time_s` is the teachers' own time for the trained batch
+(as in a synchronous step: from the first request to the last answer), `perf/teacher_wait_s`
+what the step waited for it, `perf/overlap_s` the part hidden behind generation and training.
+The first step, and the first after a checkpoint or an epoch's end, has nothing in flight and
+scores synchronously: a run resumed from a checkpoint then continues exactly as the
+uninterrupted one (one synchronous step per `checkpoint.every_steps`).
 """
 
 from __future__ import annotations
@@ -24,63 +31,58 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from distill.engines.hf import HFEngine
-from distill.engines.placement import place, this_machine
-from distill.engines.worker import WorkerEngine
 from distill.methods.batch import Batches, Rollouts, Scorer, TeacherSide
 
 if TYPE_CHECKING:
     from distill.engines.base import TokenScores
-    from distill.methods.context import RunContext
 
 # This step's rollouts of `inputs` (GRPO's generation and bookkeeping), timed.
 Generate = Callable[[list[dict[str, Any]]], Rollouts]
 Scored = dict[str, tuple["TokenScores", float]]
 # The trainer's batch from a step's rollouts, the teachers' scores of them and the perf figures.
 Finish = Callable[[Rollouts, Scored, dict[str, float]], dict[str, Any]]
+# One teacher's scores of its domains' rows, and its own seconds for all of them.
+GroupScored = tuple[Scored, float]
 
 
-def teacher_scorers(
-    ctx: RunContext, teachers: dict[str, TeacherSide]
-) -> tuple[dict[str, Scorer], list[WorkerEngine]]:
-    """What scores each domain's batches off the trainer's thread: a served teacher itself (its
-    thread waits on the socket), else a worker process holding its own copy of the teacher (one
-    per teacher, shared by the domains it teaches)."""
-    scorers: dict[str, Scorer] = {}
-    workers: dict[int, WorkerEngine] = {}
+def scorer_groups(teachers: dict[str, TeacherSide]) -> list[dict[str, Scorer]]:
+    """The domains of each teacher engine (one group a teacher, in the domains' order)."""
+    groups: dict[int, dict[str, Scorer]] = {}
     for part, side in teachers.items():
-        engine = side.engine
-        if not isinstance(engine, HFEngine):
-            scorers[part] = engine
-            continue
-        if id(engine) not in workers:
-            spec = ctx.config.teacher_of(part)
-            workers[id(engine)] = WorkerEngine(
-                str(engine.model.name_or_path),
-                spec.precision,
-                engine.enable_thinking,
-                ctx.config.threads,
-                wait=False,  # it loads while the trainer is set up; the first score waits for it
-                device=place(spec.device, "teacher_worker", this_machine()),
-            )
-        scorers[part] = workers[id(engine)]
-    return scorers, list(workers.values())
+        groups.setdefault(id(side.engine), {})[part] = side.engine
+    return list(groups.values())
+
+
+def teacher_perf(groups: list[GroupScored], wait: float) -> dict[str, float]:
+    """A step's teacher figures from each teacher's (scores, seconds) and the seconds the step
+    waited for them: the teachers score side by side, each its domains one after the other, so
+    the batch's teacher time is the slowest teacher's sum; what the step did not wait of it was
+    hidden behind generation and training."""
+    teacher_time = max((seconds for _, seconds in groups), default=0.0)
+    return {
+        "perf/teacher_time_s": teacher_time,
+        "perf/teacher_wait_s": wait,
+        "perf/overlap_s": max(teacher_time - wait, 0.0),
+    }
+
+
+def _timed(batches: Batches, group: dict[str, Scorer], batch: Rollouts) -> GroupScored:
+    start = time.perf_counter()
+    scored = batches.score(group, batch)
+    return scored, time.perf_counter() - start
 
 
 class AsyncTeacher:
     """Keeps one batch in flight with the teachers; see the module docstring."""
 
-    def __init__(self, ctx: RunContext, teachers: dict[str, TeacherSide]) -> None:
-        scorers, self._workers = teacher_scorers(ctx, teachers)
+    def __init__(self, teachers: dict[str, TeacherSide]) -> None:
         # One thread a teacher: several teachers score their rows of a batch at once, and two
-        # domains of one teacher go to it from one thread, one after the other (a worker answers
-        # one request at a time).
-        groups: dict[int, dict[str, Scorer]] = {}
-        for part, scorer in scorers.items():
-            groups.setdefault(id(scorer), {})[part] = scorer
-        self._groups = list(groups.values())
-        self._pool = ThreadPoolExecutor(len(self._groups), thread_name_prefix="distill-teacher")
-        self._ahead: tuple[Rollouts, list[Future[Scored]]] | None = None
+        # domains of one teacher go to it from one thread, one after the other. Each its own
+        # queue: a teacher's next batch waits for its current one, never for another teacher's,
+        # and never reaches it from a second thread (a worker answers one request at a time).
+        self._groups = scorer_groups(teachers)
+        self._pools = [ThreadPoolExecutor(1, thread_name_prefix="distill-teacher") for _ in self._groups]
+        self._ahead: tuple[Rollouts, list[Future[GroupScored]]] | None = None
         self._held: tuple[Any, Any] | None = None
         self._next_inputs: list[dict[str, Any]] | None = None
 
@@ -117,29 +119,24 @@ class AsyncTeacher:
             # The student generates batch i+1 while the teachers score batch i.
             self._ahead = self._launch(upcoming, batches, generate)
         start = time.perf_counter()
-        scored: Scored = {}
-        for future in futures:
-            scored.update(future.result())
+        groups = [future.result() for future in futures]
         wait = time.perf_counter() - start
-        teacher_time = max((seconds for _, seconds in scored.values()), default=0.0)
-        perf = {
-            "perf/teacher_time_s": teacher_time,
-            "perf/teacher_wait_s": wait,
-            "perf/overlap_s": max(teacher_time - wait, 0.0),
-        }
-        return finish(batch, scored, perf)
+        scored: Scored = {part: each for group, _ in groups for part, each in group.items()}
+        return finish(batch, scored, teacher_perf(groups, wait))
 
     def _launch(
         self, inputs: list[dict[str, Any]], batches: Batches, generate: Generate
-    ) -> tuple[Rollouts, list[Future[Scored]]]:
+    ) -> tuple[Rollouts, list[Future[GroupScored]]]:
         batch = generate(inputs)
-        futures = [self._pool.submit(batches.score, group, batch) for group in self._groups]
+        futures = [
+            pool.submit(_timed, batches, group, batch)
+            for pool, group in zip(self._pools, self._groups, strict=True)
+        ]
         return batch, futures
 
     def close(self) -> None:
         if self._ahead is not None:
             for future in self._ahead[1]:
                 future.cancel()
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        for worker in self._workers:
-            worker.close()
+        for pool in self._pools:
+            pool.shutdown(wait=True, cancel_futures=True)

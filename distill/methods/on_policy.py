@@ -32,12 +32,14 @@ from distill.config import OnPolicyKL, Sampling
 from distill.engines import vllm as vllm_engine
 from distill.engines.batched import continue_many
 from distill.engines.decode import lean_decoder
+from distill.engines.worker import WorkerEngine
 from distill.kernels.states import completion_logprobs
 from distill.launch import per_device, sharded
 from distill.methods.async_teacher import AsyncTeacher
 from distill.methods.batch import Batches, Rollouts, TeacherSide, cut_out_of_vocab
 from distill.methods.callbacks import DistillCallback, quiet, trainer_common_args
 from distill.methods.signal import Signal
+from distill.methods.targets import jsd_head
 
 if TYPE_CHECKING:
     from distill.engines.hf import HFEngine
@@ -109,8 +111,10 @@ class OnPolicyTrainer(GRPOTrainer):
         method = ctx.method_as(OnPolicyKL)
         self.ctx = ctx
         self.batches = Batches(ctx, teachers)
-        teacher_head = ctx.local_teacher().model.get_output_embeddings() if method.loss == "jsd" else None
-        self.signal = Signal(method, ctx.log, self.batches.cross, teacher_head, list(teachers))
+        head = None
+        if method.loss == "jsd":  # one teacher: jsd is refused on several domains
+            head = jsd_head(next(iter(teachers.values())).engine, ctx.student.model.device, ctx.say)
+        self.signal = Signal(method, ctx.log, self.batches.cross, head, list(teachers))
         self.pipeline = pipeline
         self.direct = method.loss == "token_reward_direct"
         # token_reward_direct: the batch whose advantages the next logps forward fills in.
@@ -211,15 +215,16 @@ def _last_before_checkpoint(trainer: GRPOTrainer) -> bool:
 def train_on_policy(ctx: RunContext, teachers: dict[str, TeacherSide], callbacks: Sequence[Any] = ()) -> None:
     """The loop OPD and OPSD share; they differ in the teacher and how it sees the problem.
     `teachers`: a teacher per domain of the run (one for a one-domain run)."""
-    pipeline = None
-    if ctx.config.rollout.async_teacher:
-        # Started first: the teachers' workers load while the trainer is set up.
-        pipeline = AsyncTeacher(ctx, teachers)
+    pipeline = AsyncTeacher(teachers) if ctx.config.rollout.async_teacher else None
     try:
         _train(ctx, teachers, callbacks, pipeline)
     finally:
         if pipeline is not None:
             pipeline.close()
+        # A teacher's worker process has scored its last batch: nothing after training asks it.
+        for side in teachers.values():
+            if isinstance(side.engine, WorkerEngine):
+                side.engine.close()
 
 
 def template_kwargs(ctx: RunContext) -> dict[str, Any]:

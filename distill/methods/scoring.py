@@ -19,9 +19,12 @@ from distill.engines.base import Engine, TokenScores
 
 
 def vocab_rows(engine: Engine) -> int:
-    """The ids `engine` can score: its output head's rows when the model is in this process (they
-    may differ from the tokenizer's size: Qwen3 has 151,936 rows for 151,669 tokens), else its
-    tokenizer's size."""
+    """The ids `engine` can score: its output head's rows when the model is in this process or
+    its worker's (they may differ from the tokenizer's size: Qwen3 has 151,936 rows for 151,669
+    tokens), else its tokenizer's size."""
+    rows = getattr(engine, "head_rows", None)  # a teacher in its worker process (engines/worker.py)
+    if isinstance(rows, int):
+        return rows
     model = getattr(engine, "model", None)
     head = getattr(model, "get_output_embeddings", lambda: None)() if model is not None else None
     weight = getattr(head, "weight", None)

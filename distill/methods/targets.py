@@ -4,20 +4,26 @@ One teacher of the student's tokenizer gives `teacher_logps` (and `teacher_topk_
 `teacher_hidden` where the loss needs them). A teacher of another family gives its byte groups
 (`xf_*`, cross_family.py). A batch whose rows go to several teachers, one of them cross-family,
 holds every row as groups: a same-family row is one group per token (`identity_groups`), which
-the group path scores exactly as the same-family one (tests/methods/test_cross_family.py).
+the group path scores exactly as the same-family one (tests/methods/test_targets.py).
+
+Everything here lands on the trainer's device (the batch's mask's), wherever the teacher scored:
+its logprobs, top-k and hidden states per batch, and jsd's teacher head once (`jsd_head`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from distill.config import OnPolicyKL
+from distill.engines.hf import HFEngine
+from distill.engines.worker import WorkerEngine
 from distill.methods.scoring import check_lengths
 
 if TYPE_CHECKING:
-    from distill.engines.base import TokenScores
+    from distill.engines.base import Engine, TokenScores
 
 
 def same_family(method: OnPolicyKL, teacher: TokenScores, mask_B_T: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -70,3 +76,32 @@ def merged(parts: list[tuple[list[int], dict[str, torch.Tensor]]], batch: int) -
                 out[key] = value.new_full((batch, *value.shape[1:]), fill)
             out[key][index.to(value.device)] = value
     return out
+
+
+def jsd_head(engine: Engine, device: torch.device, say: Callable[[str], Any] = print) -> torch.nn.Module:
+    """jsd's teacher output head on `device`, where the loss applies it (the student's): the
+    teacher's own head when its weights are there (the live one of an OPSD teacher), else a
+    frozen copy made once (a teacher on another device, or in its worker process, whose head is
+    then the one piece of it this process holds), said in one line."""
+    if isinstance(engine, HFEngine):
+        own = engine.model.get_output_embeddings()
+        weight, bias = own.weight, getattr(own, "bias", None)
+        assert isinstance(weight, torch.Tensor), "an nn.Linear output head"
+        if weight.device == torch.device(device):
+            return own
+        where = f"on {weight.device}"
+    elif isinstance(engine, WorkerEngine):
+        weight, bias = engine.output_head()
+        where = f"in its worker process on {engine.device}"
+    else:  # engines/compat.py refuses a served teacher for jsd at config time
+        raise ValueError("method.loss=jsd applies the teacher's output head here: it needs an hf teacher")
+    head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    head.weight = torch.nn.Parameter(weight.detach().to(device), requires_grad=False)
+    if isinstance(bias, torch.Tensor):
+        head.bias = torch.nn.Parameter(bias.detach().to(device), requires_grad=False)
+    size = weight.numel() * weight.element_size() / 2**30
+    say(
+        f"note: jsd applies the teacher's output head beside the student: a copy of it "
+        f"({weight.shape[0]:,} x {weight.shape[1]:,}, {size:.2f} GiB) on {device}, the teacher {where}"
+    )
+    return head

@@ -279,3 +279,25 @@ def test_load_puts_the_model_on_its_device_and_describes_it(engine: HFEngine, ti
     moved = HFEngine.load(str(tiny_zoo.teacher), device="meta")
     assert {p.device.type for p in moved.model.parameters()} == {"meta"}
     assert moved.describe()["device"] == "meta"
+
+
+def test_each_prompt_gets_the_room_its_own_length_leaves(tiny_zoo: Any) -> None:
+    """A prompt one token short of the context caps itself, not its batch-mates (eval.overlong=skip
+    keeps such prompts), and the budget check counts exactly the rows that are capped."""
+    from distill.engines.context import check_budget
+
+    engine = HFEngine.load(str(tiny_zoo.teacher))
+    prompts = [
+        engine.prompt_ids(p) for p in (*PROMPTS, "Sort: 9 8 7 6 5 4 3 2 1 0 and then add them all up.")
+    ]
+    lengths = [len(p) for p in prompts]
+    engine.model.config.max_position_embeddings = max(lengths) + 1  # the longest has room for 1
+    assert engine.context == max(lengths) + 1
+    budget = max(lengths) - min(lengths) - 1  # the shortest prompt has room for all of it
+    # Never the EOS: every row runs to the tokens it may have.
+    out = engine.generate(prompts, Sampling(budget), batch_size=64, suppress_tokens=sorted(engine.eos_ids))
+    room = [min(budget, engine.context - n) for n in lengths]
+    assert [len(c.ids) for c in out] == room
+    assert room.count(budget) >= 1 and min(room) == 1 and all(c.truncated for c in out)
+    check = check_budget("eval.max_new_tokens", budget, engine.context, lengths, "eval")
+    assert check.capped == sum(len(c.ids) < budget for c in out) == sum(r < budget for r in room)

@@ -36,7 +36,6 @@ RANK1_OF_2_ON_3 = Machine(gpus=3, local_rank=1, local_world_size=2)
         ("auto", "student", RANK1_OF_2_ON_4, "cuda:1"),
         ("auto", "teacher", RANK1_OF_2_ON_4, "cuda:1"),
         ("auto", "teacher_worker", RANK1_OF_2_ON_4, "cuda:3"),
-        ("auto", "teacher_worker", RANK1_OF_2_ON_3, "cuda:1"),  # rank 0's worker took the spare
         # cuda: what auto picks, on a machine that has a GPU.
         ("cuda", "student", TWO_GPUS, "cuda:0"),
         ("cuda", "teacher_worker", TWO_GPUS, "cuda:1"),
@@ -83,6 +82,36 @@ def test_refusals_are_one_line_naming_the_field(
         place(requested, role, machine)
     assert "\n" not in str(info.value)
     assert isinstance(info.value, ConfigError)  # the CLI's one-line refusal, exit code 2
+
+
+# Two teachers' workers for each trainer process: (worker index, workers a process) -> GPU.
+@pytest.mark.parametrize(
+    ("machine", "worker", "device"),
+    [
+        (Machine(gpus=3), (0, 2), "cuda:1"),
+        (Machine(gpus=3), (1, 2), "cuda:2"),
+        (ONE_GPU, (1, 2), "cuda:0"),  # no spare GPU at all: every worker on its trainer's
+        (Machine(gpus=6, local_rank=1, local_world_size=2), (0, 2), "cuda:4"),
+        (Machine(gpus=6, local_rank=1, local_world_size=2), (1, 2), "cuda:5"),
+    ],
+)
+def test_each_teacher_worker_gets_a_spare_gpu_of_its_own(machine: Machine, worker: Any, device: str) -> None:
+    assert place("auto", "teacher_worker", machine, worker=worker) == device
+
+
+@pytest.mark.parametrize(
+    ("machine", "worker", "message"),
+    [
+        (TWO_GPUS, (1, 2), "2 teacher workers for each of 1 trainer process needs 2 spare GPUs"),
+        (RANK1_OF_2_ON_3, (0, 1), "a teacher worker for each of 2 trainer processes needs 2 spare GPUs"),
+    ],
+)
+def test_workers_that_do_not_fit_the_spare_gpus_are_refused(
+    machine: Machine, worker: Any, message: str
+) -> None:
+    with pytest.raises(PlacementError, match=message) as info:
+        place("auto", "teacher_worker", machine, "teachers.dapo.device", worker=worker)
+    assert str(info.value).startswith("teachers.dapo.device: ") and "\n" not in str(info.value)
 
 
 def test_an_unknown_role_is_a_programming_error() -> None:

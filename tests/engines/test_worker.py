@@ -50,3 +50,38 @@ def test_worker_that_cannot_load_says_which_model(tmp_path: Any) -> None:
     finally:
         worker.close()
     assert not worker._proc.is_alive()
+
+
+def test_worker_is_the_teacher_engine_with_its_weights_in_the_worker_only(tiny_zoo: Any) -> None:
+    """What the run asks of a teacher that scores in its worker (prompts, context, EOS, head rows,
+    its eval's greedy answers, jsd's head) is what the in-process engine answers, and the weights
+    stay in the worker: the trainer's process holds its tokenizer, never its model."""
+    from distill.config import Sampling
+
+    local = HFEngine.load(str(tiny_zoo.teacher))
+    worker = WorkerEngine(str(tiny_zoo.teacher), threads=1, wait=False)
+    try:
+        assert not hasattr(worker, "model")
+        assert worker.prompt_ids("Sort: 3 1 2") == local.prompt_ids("Sort: 3 1 2")
+        assert (worker.context, worker.eos_ids) == (local.context, local.eos_ids)
+        assert worker.head_rows == local.model.get_output_embeddings().weight.shape[0]
+        record = worker.describe()
+        assert record["worker_device"] == record["device"] == worker.device == "cpu"
+        assert {k: v for k, v in record.items() if k != "worker_device"} == local.describe()
+        prompts = [local.prompt_ids(p) for p in ("Sort: 3 1 2", "Add 2 and 5.", "hi")]
+        done: list[int] = []
+        remote = worker.generate(prompts, Sampling(6), batch_size=2, progress=done.append)
+        assert [c.ids for c in remote] == [c.ids for c in local.generate(prompts, Sampling(6), batch_size=2)]
+        assert done == [2, 1]  # one request a batch: the eval's progress moves as in process
+        weight, bias = worker.output_head()
+        torch.testing.assert_close(weight, local.model.get_output_embeddings().weight, atol=0, rtol=0)
+        assert bias is None
+    finally:
+        worker.close()
+    assert not worker.alive
+    # An engine nobody holds any more takes its worker with it.
+    orphan = WorkerEngine(str(tiny_zoo.teacher), threads=1)
+    process = orphan._proc
+    del orphan
+    process.join(timeout=20)
+    assert not process.is_alive()
