@@ -100,6 +100,10 @@ def _worker_init() -> None:
     import math_verify  # noqa: F401
 
 
+def _ready() -> None:
+    """A job that returns once a worker has started and imported math-verify."""
+
+
 def _worker_grade(reference: str, answer: str, timeout: int) -> bool:
     try:
         return grade_in_process(reference, answer, timeout)
@@ -115,6 +119,9 @@ def _terminate(pool: Any) -> None:
 
 class MathGrader:
     """Grades (reference, response) pairs in a lazily started pool of worker processes."""
+
+    # What a worker runs once at start (a class attribute so a test can give a slow one).
+    initializer: Any = staticmethod(_worker_init)
 
     def __init__(self, workers: int = 2, timeout_s: int = 5) -> None:
         if workers < 1:
@@ -134,8 +141,12 @@ class MathGrader:
                 raise ImportError("math answers are graded with math-verify: pip install 'distill[math]'")
             # spawn, not fork: the parent holds torch's OpenMP threads and possibly a tracker.
             ctx = multiprocessing.get_context("spawn")
-            self._pool = ctx.Pool(self.workers, initializer=_worker_init)
+            self._pool = ctx.Pool(self.workers, initializer=self.initializer)
             self._finalizer = weakref.finalize(self, _terminate, self._pool)
+            # No deadline counts a worker's start (spawn + importing sympy and math-verify): on a
+            # loaded machine that alone took longer than an item's deadline, so the first item
+            # of every pool was graded wrong and the pool restarted, again and again.
+            self._pool.apply(_ready)
         return self._pool
 
     def close(self) -> None:

@@ -129,3 +129,27 @@ def test_a_runaway_expression_times_out_as_wrong() -> None:
         assert time.monotonic() - start < 3 * 2 + 10 + 30
     finally:
         g.close()
+
+
+def _slow_worker_start() -> None:
+    # A worker whose start (spawn + imports) outlasts an item's deadline, as on a loaded machine.
+    import time
+
+    import math_verify  # noqa: F401
+
+    time.sleep(14)
+
+
+class _SlowStartGrader(MathGrader):
+    initializer = staticmethod(_slow_worker_start)
+
+
+@pytest.mark.integration
+def test_a_slow_worker_start_grades_no_item_wrong() -> None:
+    # timeout_s=1: an item's deadline is 3 * 1 + 10 = 13 s, shorter than the worker's start;
+    # the start must not count against the first item.
+    g = _SlowStartGrader(workers=1, timeout_s=1)
+    try:
+        assert [gr.correct for gr in g.grade_batch(["3", "4"], ["\\boxed{3}", "\\boxed{4}"])] == [True, True]
+    finally:
+        g.close()
