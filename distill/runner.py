@@ -33,7 +33,7 @@ from distill.engines.hf import HFEngine
 from distill.methods.context import RunContext, train_or_take_final
 from distill.methods.preflight import PreflightError, failure_entry
 from distill.prepare import budget_warnings, check_pair, device_note, model_devices, preflight, prepare
-from distill.run_eval import RunEval, parts_recorder
+from distill.run_eval import RunEval, parts_recorder, step0_evals_to_redo
 from distill.tracking.base import NullTracker
 from distill.tracking.lock import RunLock
 from distill.tracking.record import log_record, open_run_tracker
@@ -121,7 +121,8 @@ def _execute(
         config = run.read_config()
         summary = run.read_summary()
         resume_from = run.last_checkpoint()
-        run.trim_metrics(step_of(resume_from or "") or 0, config.optim.max_steps)
+        redo = step0_evals_to_redo(summary, config)
+        run.trim_metrics(step_of(resume_from or "") or 0, config.optim.max_steps, redo)
         summary.setdefault("tracking_uri", resolve_tracking_uri(config, settings))
         # The manifest keeps the command that started the run; each resume is recorded beside it.
         summary.setdefault("argv", _manifest_argv(run) or argv)
@@ -274,13 +275,16 @@ def _train_and_evaluate(job: Job, domains: list[Domain]) -> None:
             tracker.log_artifact(path)
     log = StepLog(run, tracker)
     evaluate = RunEval(config, run, domain, log)
+    # Each step-0 eval is recorded as soon as it is done: a resume runs only those that were not
+    # (their partial rows were trimmed, `step0_evals_to_redo`), so each point is logged once.
     if "student_before" not in summary:
         before = parts_recorder(summary, "student_before")
         summary["student_before"] = evaluate(student, "eval: student (before)", 0, "", before).metrics
-        if config.eval.eval_teacher:
-            teachers = prepared.teachers or teacher
-            record = parts_recorder(summary, "teacher_score")
-            summary["teacher_score"] = evaluate(teachers, "eval: teacher", 0, "teacher/", record).metrics
+        run.write_summary(summary)
+    if config.eval.eval_teacher and "teacher_score" not in summary:
+        teachers = prepared.teachers or teacher
+        record = parts_recorder(summary, "teacher_score")
+        summary["teacher_score"] = evaluate(teachers, "eval: teacher", 0, "teacher/", record).metrics
         run.write_summary(summary)
     say(_score_line("student before", summary["student_before"]))
     if "teacher_score" in summary:

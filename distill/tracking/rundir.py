@@ -294,17 +294,24 @@ class RunDir:
                     points.append((key, float(value), row["step"]))
         return points
 
-    def trim_metrics(self, last_step: int, final_step: int) -> None:
-        """On resume, drop metric lines past the checkpoint (those steps are trained again) and
-        the final eval's lines at `final_step` (written after that step's checkpoint, it runs again)."""
+    def trim_metrics(self, last_step: int, final_step: int, redo_at_start: tuple[str, ...] = ()) -> None:
+        """On resume, drop metric lines past the checkpoint (those steps are trained again), the
+        final eval's lines at `final_step` (written after that step's checkpoint, it runs again)
+        and, at step 0, the figures under `redo_at_start` (evals the run did not finish before it
+        stopped, which run again)."""
         if not self.metrics.exists():
             return
-        kept = [
-            json.dumps(row)
-            for row in self.metric_rows()
-            if row["step"] <= last_step
-            and not (row["step"] == final_step and any(k.startswith("eval/") for k in row))
-        ]
+        kept = []
+        for row in self.metric_rows():
+            if row["step"] > last_step or (
+                row["step"] == final_step and any(k.startswith("eval/") for k in row)
+            ):
+                continue
+            if row["step"] == 0 and redo_at_start:
+                row = {k: v for k, v in row.items() if k == "step" or not k.startswith(redo_at_start)}
+                if len(row) == 1:
+                    continue
+            kept.append(json.dumps(row))
         self._replace(self.metrics, "".join(line + "\n" for line in kept))
 
     def _replace(self, path: Path, text: str) -> None:
