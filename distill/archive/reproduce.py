@@ -2,12 +2,15 @@
 
 Full mode (`prepare_rerun`, run by the caller through `runner.execute`) re-runs training with the manifest's resolved config (same seed, same data, same
 models) as a new run `<run>-repro-<hex>` and compares every eval figure of the two summaries.
-`--eval-only` loads the run's final checkpoint (e.g. after `distill archive pull`) and repeats the
-final eval only. Both compare exactly: greedy eval on CPU is deterministic, so any difference is a
+`--eval-only` loads the run's final checkpoint (e.g. after `distill archive pull`; a LoRA run's
+holds adapters only) and repeats the final eval only, each domain of a mixed run on its own items
+as the run did, compared part by part. A figure the original recorded and the reproduction lacks
+is a mismatch. Both compare exactly: greedy eval on CPU is deterministic, so any difference is a
 real one (other package versions, thread counts, or drifted files), and the notes name the
 differences in environment the manifest shows. A full re-run is refused (exit 2) when the models
 it would start from are not the ones the manifest pins (weights, tokenizer or chat template: a
-rebuilt zoo, a moved hub revision, an edited local folder): that re-run would not be this run.
+rebuilt zoo, a moved hub revision, an edited local folder; in a run over several domains, every
+domain's teacher, `teacher@<domain>`): that re-run would not be this run.
 """
 
 from __future__ import annotations
@@ -18,20 +21,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from distill import registry
 from distill.archive.dvcrepo import ArchiveError
 from distill.archive.manifest import git_diff, package_versions, read_manifest, start_differences, start_pins
 from distill.config import ConfigError, RunConfig
 from distill.domains import build_domain
 from distill.engines.hf import HFEngine
 from distill.engines.placement import place, this_machine
-from distill.evals import evaluator_for
+from distill.run_eval import eval_parts, evaluate_parts
 from distill.settings import get_settings
 from distill.tracking.mlflow import git_tags
 from distill.tracking.rundir import RunDir
 from distill.zoo import resolve_model
+from distill.zoo.check import MODEL_FILES
 
 if TYPE_CHECKING:
     from distill.config import RunConfig
+    from distill.evals.single_turn import EvalResult
 
 Say = Any  # a callable(str) that prints for the user
 SECTIONS = ("student_before", "teacher_score", "student_after")
@@ -46,9 +52,13 @@ class Comparison:
     metric: str
     original: float
     reproduced: float
+    # The original recorded the figure and the reproduction did not make it.
+    missing: bool = False
 
     @property
     def match(self) -> bool:
+        if self.missing:
+            return False
         both_nan = math.isnan(self.original) and math.isnan(self.reproduced)
         return both_nan or self.original == self.reproduced
 
@@ -66,18 +76,29 @@ class Reproduction:
         return bool(self.comparisons) and all(c.match for c in self.comparisons)
 
 
-def compare_summaries(original: dict[str, Any], reproduced: dict[str, Any]) -> list[Comparison]:
+def compare_summaries(
+    original: dict[str, Any], reproduced: dict[str, Any], sections: tuple[str, ...] = SECTIONS
+) -> list[Comparison]:
+    """Every recorded figure of `sections`, in the whole run and in each domain of a mixed run
+    (`parts`, shown as `<section> [<domain>]`), against the reproduction's; one the reproduction
+    lacks is a mismatch (`missing`)."""
+    pairs = [(section, original.get(section), reproduced.get(section)) for section in sections]
+    for part, scores in (original.get("parts") or {}).items():
+        again = (reproduced.get("parts") or {}).get(part) or {}
+        pairs += [(f"{section} [{part}]", scores.get(section), again.get(section)) for section in sections]
     out = []
-    for section in SECTIONS:
-        before, after = original.get(section), reproduced.get(section)
-        if not isinstance(before, dict) or not isinstance(after, dict):
+    for section, before, after in pairs:
+        if not isinstance(before, dict):
             continue
-        for metric in sorted(before.keys() & after.keys()):
-            if metric.endswith(TIMING_SUFFIXES):
+        after = after if isinstance(after, dict) else {}
+        for metric in sorted(before):
+            a, b = before[metric], after.get(metric)
+            if metric.endswith(TIMING_SUFFIXES) or not isinstance(a, int | float):
                 continue
-            a, b = before[metric], after[metric]
-            if isinstance(a, int | float) and isinstance(b, int | float):
+            if isinstance(b, int | float):
                 out.append(Comparison(section, metric, float(a), float(b)))
+            else:
+                out.append(Comparison(section, metric, float(a), math.nan, missing=True))
     return out
 
 
@@ -113,19 +134,31 @@ def _short(value: Any) -> str:
 
 def current_start(config: RunConfig) -> dict[str, dict[str, Any]]:
     """The pins of the models `config` names as they are here now (zoo models built if missing,
-    as the re-run would)."""
+    as the re-run would): the student, and the teacher, or in a run over several domains each
+    domain's (`teacher@<domain>`, and `teacher`: the first domain's, as the manifest records)."""
     from transformers import AutoTokenizer
 
     settings = get_settings()
-    models: dict[str, tuple[str, str | None]] = {}
-    for role, spec in (("student", config.student), ("teacher", config.teacher)):
-        path = resolve_model(spec.name, config.domain, settings)
+    parts = registry.domain_parts(config.domain.name)
+    own = registry.method_entry(config.method.name).own_teacher
+    roles: dict[str, tuple[str, str | None]] = {"student": (config.student.name, None)}
+    if len(parts) == 1:
+        roles["teacher"] = (config.teacher.name, None)
+    else:
+        # As the run loaded them (prepare.load_teachers): a zoo teacher is its domain's own.
+        roles.update({f"teacher@{p}": (config.teacher_of(p).name, None if own else p) for p in parts})
+        roles["teacher"] = roles[f"teacher@{parts[0]}"]
+    resolved: dict[tuple[str, str | None], tuple[str, str | None]] = {}
+    for name, part in roles.values():
+        if (name, part) in resolved:
+            continue
+        path = resolve_model(name, config.domain, settings, part=part)
         try:
             template = AutoTokenizer.from_pretrained(path).chat_template
         except (OSError, ValueError):  # a hub model not downloaded here: unpinned, said in a note
             template = None
-        models[role] = (path, template)
-    return start_pins(models)
+        resolved[(name, part)] = (path, template)
+    return start_pins({role: resolved[key] for role, key in roles.items()})
 
 
 def check_start(manifest: dict[str, Any], config: RunConfig, run_id: str) -> list[str]:
@@ -195,14 +228,16 @@ def prepare_rerun(run_dir: Path) -> Rerun:
 
 
 def final_checkpoint(run_dir: Path, config: RunConfig) -> Path:
+    """The run's last checkpoint: a model folder (`config.json`) or a LoRA run's adapters."""
     path = RunDir(run_dir).checkpoint(config.optim.max_steps)
-    if not (path / "config.json").exists():
+    if not any((path / name).exists() for name in MODEL_FILES):
         raise ArchiveError(f"{path} is missing; restore it with `distill archive pull {run_dir.name}` first")
     return path
 
 
 def reproduce_eval(run_dir: Path, say: Say = print, show_progress: bool = True) -> Reproduction:
-    """Evaluate the run's final checkpoint as the run did and compare with its recorded final eval."""
+    """Evaluate the run's final checkpoint as the run did (each domain of a mixed run on its own
+    items) and compare with its recorded final eval, in all and domain by domain."""
     import torch
 
     original = RunDir(run_dir).read_summary()
@@ -217,11 +252,17 @@ def reproduce_eval(run_dir: Path, say: Say = print, show_progress: bool = True) 
     device = place("auto", "student", this_machine())  # the GPU where there is one (notes say if it differs)
     engine = HFEngine.load(str(checkpoint), config.student.precision, config.student.enable_thinking, device)
     domain = build_domain(config.domain)
+    parts: dict[str, dict[str, Any]] = {}
     try:
-        items = domain.eval_items()[: config.eval.items]
-        evaluate = evaluator_for(domain)
-        result = evaluate(engine, domain, items, config.eval, "eval: final checkpoint", show_progress)
+        scope = eval_parts(config, domain)
+
+        def done(part: str, result: EvalResult) -> None:
+            if len(scope) > 1:
+                parts[part] = {"student_after": result.metrics}
+
+        result = evaluate_parts(config, scope, engine, "eval: final checkpoint", show_progress, done)
     finally:
         domain.close()
-    reproduced = {"student_after": result.metrics}
-    return Reproduction(run_dir.name, None, compare_summaries(original, reproduced), notes)
+    reproduced = {"student_after": result.metrics, "parts": parts}
+    comparisons = compare_summaries(original, reproduced, sections=("student_after",))
+    return Reproduction(run_dir.name, None, comparisons, notes)

@@ -9,6 +9,11 @@ the remote and the hashes; the same hashes go onto the MLflow run as `archive.*`
 
 A push killed mid-upload leaves the `.dvc` files and the cache complete (DVC writes them before
 uploading) and no `archive.json`: running it again uploads what the remote lacks and records it.
+
+A push never shrinks what a run's archive holds: an output that was archived (in `archive.json`,
+the manifest's `archive.outputs`, or with a `.dvc` file beside it) and is missing here refuses the
+push (pull it first), also when the push goes to another remote. `verify` and `pull` read the same
+union, so an output deleted here reads MISSING and a pull restores it.
 """
 
 from __future__ import annotations
@@ -16,8 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,31 +69,39 @@ def _run_config(run_dir: Path) -> RunConfig:
 
 
 def materialise_prompts(run_dir: Path, config: RunConfig) -> list[Path]:
-    """Copy the run's materialised prompt sets (`<workspace>/data/<domain>-<split>-<key>.jsonl`, the
-    exact items it trained and was evaluated on) into `<run>/data/prompts/`; regenerate them first
-    when the workspace no longer has them (generation is deterministic in the domain config)."""
-    # Where and under which key `distill.domains.base.cached_items` files a domain config's items.
+    """The prompt sets the run trained and was evaluated on, in `<run>/data/prompts/` as
+    `<domain>-<split>-<key>.jsonl`: copied from the workspace's materialised items
+    (`<workspace>/data/`, where `distill.domains.base.cached_items` files them) when it has them,
+    else written from the domain, built once (a dapo run on a user's data or a benchmark, whose
+    items are read from their source rather than cached; a mixed run's eval items; a workspace
+    that lost its files). A set already in the run is kept: a second push builds nothing."""
     data_dir = get_settings().workspace / "data"
-    pattern = f"{config.domain.name}-*-{config.domain.items_key()}.jsonl"
-    found = sorted(data_dir.glob(pattern))
-    if not found:
+    name, key = config.domain.name, config.domain.items_key()
+    target = RunDir(run_dir).data / "prompts"
+    target.mkdir(parents=True, exist_ok=True)
+    for src in sorted(data_dir.glob(f"{name}-*-{key}.jsonl")):
+        dest = target / src.name
+        if not dest.exists():
+            _copy_in(run_dir, dest, src.read_text())
+    wanted = {split: target / f"{name}-{split}-{key}.jsonl" for split in ("train", "eval")}
+    missing = {split: dest for split, dest in wanted.items() if not dest.exists()}
+    if missing:
         from distill.domains import build_domain
 
         domain = build_domain(config.domain)
-        domain.train_items()
-        domain.eval_items()
-        found = sorted(data_dir.glob(pattern))
-    target = RunDir(run_dir).data / "prompts"
-    target.mkdir(parents=True, exist_ok=True)
-    copied = []
-    for src in found:
-        dest = target / src.name
-        if not dest.exists():
-            tmp = run_dir / f".{src.name}.tmp"  # outside data/: a killed copy is never archived
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, dest)
-        copied.append(dest)
-    return copied
+        try:
+            for split, dest in missing.items():
+                items = domain.train_items() if split == "train" else domain.eval_items()
+                _copy_in(run_dir, dest, "".join(json.dumps(asdict(item)) + "\n" for item in items))
+        finally:
+            domain.close()
+    return sorted(target.glob("*.jsonl"))
+
+
+def _copy_in(run_dir: Path, dest: Path, text: str) -> None:
+    tmp = run_dir / f".{dest.name}.tmp"  # outside data/: a killed copy is never archived
+    tmp.write_text(text)
+    os.replace(tmp, dest)
 
 
 def _output_info(stage: Any) -> tuple[str, dict[str, Any]]:
@@ -164,10 +176,22 @@ class PushResult:
     mlflow: str
 
 
+def _refuse_shrinking(run_dir: Path) -> None:
+    """A push rewrites `archive.json` and the manifest from the outputs present: one archived
+    before and missing here would silently leave the archive's record."""
+    missing = [name for name in archived_names(run_dir) if not (run_dir / name).exists()]
+    if missing:
+        raise ArchiveError(
+            f"run {run_dir.name}: {', '.join(missing)} archived before but missing here; a push would drop "
+            f"{'them' if len(missing) > 1 else 'it'} from the archive (distill archive pull {run_dir.name} first)"
+        )
+
+
 def push_run(
     archive: ArchiveRepo, run_dir: Path, jobs: int | None = None, tagger: MlflowTagger | None = None
 ) -> PushResult:
     _check_finished(run_dir)
+    _refuse_shrinking(run_dir)
     config = _run_config(run_dir)
     manifest = read_manifest(run_dir)
     materialise_prompts(run_dir, config)
@@ -245,18 +269,43 @@ def _dvcfile_md5(path: Path) -> str | None:
         return None
 
 
-def recorded_outputs(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """What was archived: archive.json (a completed push), else the manifest plus `.dvc` files."""
+def archived_names(run_dir: Path) -> list[str]:
+    """Every output the run's archive holds by any record here: `archive.json`, the manifest's
+    `archive.outputs`, a `.dvc` file."""
+    names = set(_dvcfile_outputs(run_dir))
     record = read_record(run_dir)
     if record is not None:
-        return dict(record["outputs"])
-    manifest_path = run_dir / MANIFEST
-    outputs: dict[str, dict[str, Any]] = {}
-    if manifest_path.exists():
-        outputs.update(json.loads(manifest_path.read_text()).get("archive", {}).get("outputs", {}))
-    md5 = _dvcfile_md5(run_dir / f"{MANIFEST}.dvc")
-    if md5 is not None:
-        outputs[MANIFEST] = {"md5": md5}
+        names.update(record["outputs"])
+    names.update(_manifest_outputs(run_dir))
+    return [name for name in (*DIRS, MANIFEST) if name in names]
+
+
+def _manifest_outputs(run_dir: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads((run_dir / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    outputs = manifest.get("archive", {}).get("outputs", {}) if isinstance(manifest, dict) else {}
+    return dict(outputs) if isinstance(outputs, dict) else {}
+
+
+def _dvcfile_outputs(run_dir: Path) -> dict[str, dict[str, Any]]:
+    found = {name: _dvcfile_md5(run_dir / f"{name}.dvc") for name in (*DIRS, MANIFEST)}
+    return {name: {"md5": md5} for name, md5 in found.items() if md5 is not None}
+
+
+def recorded_outputs(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """What was archived: every output any record here names (`archived_names`), with the hash
+    the completed push recorded (archive.json), else the manifest's, else its `.dvc` file's."""
+    record = read_record(run_dir)
+    sources = [
+        record["outputs"] if record is not None else {},
+        _manifest_outputs(run_dir),
+        _dvcfile_outputs(run_dir),
+    ]
+    outputs = {}
+    for name in archived_names(run_dir):
+        outputs[name] = dict(next(source[name] for source in sources if name in source))
     if not outputs:
         raise ArchiveError(f"run {run_dir.name} has not been archived (no {RECORD}, no archive record)")
     return outputs

@@ -206,6 +206,7 @@ def ls(as_json: Annotated[bool, typer.Option("--json", help="one JSON list")] = 
 
 
 def _print_reproduction(result: Reproduction) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(
@@ -214,9 +215,10 @@ def _print_reproduction(result: Reproduction) -> None:
     for name in ("eval", "metric", "original", "reproduced", "match"):
         table.add_column(name, justify="right" if name in ("original", "reproduced") else "left")
     for c in result.comparisons:
-        table.add_row(
-            c.section, c.metric, f"{c.original:.6g}", f"{c.reproduced:.6g}", "yes" if c.match else "NO"
-        )
+        again = "missing" if c.missing else f"{c.reproduced:.6g}"
+        # `student_after [rlve]`: brackets are rich markup unless escaped.
+        row = (escape(c.section), escape(c.metric), f"{c.original:.6g}", again, "yes" if c.match else "NO")
+        table.add_row(*row)
     out = console()
     out.print(table)
     for note in result.notes:

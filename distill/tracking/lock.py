@@ -230,9 +230,7 @@ class RunLock:
             except OSError:
                 os.close(fd)
                 raise
-            info = _holder_info()
-            _write_record(fd, info)
-            return cls(run, fd, info["token"], flock=True)
+            return cls._taken(run, fd, flock=True)
         return None
 
     @classmethod
@@ -253,10 +251,15 @@ class RunLock:
                     return None
                 _remove_stale(run, seen)
                 continue
-            info = _holder_info()
-            _write_record(fd, info)
-            return cls(run, fd, info["token"], flock=False)
+            return cls._taken(run, fd, flock=False)
         return None
+
+    @classmethod
+    def _taken(cls, run: RunDir, fd: int, flock: bool) -> RunLock:
+        """The lock on `fd`, just taken: its holder's record written in."""
+        info = _holder_info()
+        _write_record(fd, info)
+        return cls(run, fd, info["token"], flock)
 
     @classmethod
     def acquire(cls, run: RunDir) -> RunLock:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tiny_runs import tiny_run_overrides  # tests/ is on sys.path (rootdir conftest)
 
 
 def tiny_overrides(tiny_zoo, steps: int = 2) -> list[str]:
@@ -51,6 +52,21 @@ def make_run(tiny_zoo, name: str, steps: int = 2) -> Path:
 @pytest.fixture(scope="session")
 def tiny_run(tiny_zoo) -> Path:
     return make_run(tiny_zoo, "archive-source")
+
+
+@pytest.fixture(scope="session")
+def tiny_mixed_run(tiny_zoo) -> Path:
+    """A finished tiny OPD run over rlve+dapo, a teacher named per domain (one step, two eval
+    items per domain, no teacher eval)."""
+    from distill.config import resolve_config
+    from distill.runner import execute
+    from distill.settings import get_settings
+
+    overrides = tiny_run_overrides(tiny_zoo, "archive-mixed", mixed=True, eval_teacher=False)
+    config = resolve_config("rlve,dapo", "opd", None, overrides)
+    summary = execute(config, get_settings(), argv=["distill", "run", "(test)"], say=lambda _: None)
+    assert summary["status"] == "FINISHED" and set(summary["parts"]) == {"rlve", "dapo"}
+    return Path(summary["run_dir"])
 
 
 @pytest.fixture

@@ -90,3 +90,47 @@ def test_reproduce_eval_only_on_a_multi_turn_domain(
     assert [line for line in result.output.splitlines() if "student_after" in line and "score" in line]
     # The eval's wall-clock figures are recorded but not compared: they measure the machine.
     assert "episodes_per_min" in summary["student_after"] and "episodes_per_min" not in result.output
+
+
+def test_reproduce_eval_only_of_a_mixed_run_matches_each_domain(
+    workspace: Path, tiny_mixed_run: Path
+) -> None:
+    """A run over rlve+dapo evaluated each domain on its own items: `--eval-only` does the same
+    and every figure matches, in all and domain by domain."""
+    run_dir = copy_run(tiny_mixed_run, workspace)
+    result = CliRunner().invoke(app, ["reproduce", run_dir.name, "--eval-only"])
+    assert result.exit_code == 0, result.output
+    assert "reproduced exactly" in result.output
+    for part in ("rlve", "dapo"):
+        lines = result.output.splitlines()
+        assert [
+            line
+            for line in lines
+            if f"student_after [{part}]" in line and "accuracy" in line and "yes" in line
+        ]
+    from distill.archive.reproduce import reproduce_eval
+
+    again = reproduce_eval(run_dir, say=lambda _: None, show_progress=False)
+    sections = {c.section for c in again.comparisons}
+    assert sections == {"student_after", "student_after [rlve]", "student_after [dapo]"}
+    assert again.match and all(c.match for c in again.comparisons)
+    assert {("student_after [dapo]", "accuracy"), ("student_after [rlve]", "items")} <= {
+        (c.section, c.metric) for c in again.comparisons
+    }
+
+
+def test_reproduce_checks_every_domains_teacher(workspace: Path, tiny_zoo, tiny_mixed_run: Path) -> None:
+    """The manifest pins each domain's teacher (`teacher@<domain>`): the re-run's are checked, a
+    changed dapo teacher is refused, and the unused default `teacher` is neither built nor
+    compared."""
+    from distill.archive.dvcrepo import ArchiveError
+    from distill.archive.reproduce import _manifest_config, check_start
+
+    run_dir = copy_run(tiny_mixed_run, workspace)
+    manifest, config = _manifest_config(run_dir)
+    assert {"teacher@rlve", "teacher@dapo"} <= set(manifest["start"])
+    assert config.teacher.name == "zoo:teacher"  # the default, unused by this run
+    assert check_start(manifest, config, run_dir.name) == []
+    config.teachers["dapo"] = config.teachers["dapo"].model_copy(update={"name": str(tiny_zoo.teacher_llama)})
+    with pytest.raises(ArchiveError, match="teacher@dapo weights"):
+        check_start(manifest, config, run_dir.name)

@@ -1,4 +1,5 @@
-"""`distill archive` against a local-folder remote: push, idempotence, ls, verify drift, pull."""
+"""`distill archive` against a local-folder remote: push, idempotence, ls, verify drift, pull; a
+push never shrinks the archive; a dapo run on a user's data archives its prompts."""
 
 from __future__ import annotations
 
@@ -200,3 +201,79 @@ def test_pull_recreates_a_deleted_run_from_its_mlflow_record(
     assert _cli("archive", "verify", run_dir.name).exit_code == 0
     unknown = _cli("archive", "pull", "never-archived")
     assert unknown.exit_code == 2 and "no archived MLflow run" in unknown.output
+
+
+def test_a_push_never_shrinks_the_archive(
+    workspace: Path, tiny_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """push, delete the checkpoints here, push again: refused in one line (also to another remote);
+    verify reads them MISSING and pull brings them back; a record a push once shrank (its
+    `.dvc` file still there) is read whole by verify and pull."""
+    run_dir = copy_run(tiny_run, workspace)
+    assert _cli("archive", "push", run_dir.name).exit_code == 0
+    record = json.loads((run_dir / "archive.json").read_text())
+    shutil.rmtree(run_dir / "checkpoints")  # to free space, say
+    refused = _cli("archive", "push", run_dir.name)
+    assert refused.exit_code == 2, refused.output
+    assert "checkpoints archived before but missing here" in refused.output
+    assert len(refused.output.strip().splitlines()) == 1
+    assert json.loads((run_dir / "archive.json").read_text()) == record  # nothing rewritten
+    monkeypatch.setenv("DISTILL_REMOTE", str(workspace / "other-remote"))
+    elsewhere = _cli("archive", "push", run_dir.name)
+    assert elsewhere.exit_code == 2 and "checkpoints archived before" in elsewhere.output
+    monkeypatch.delenv("DISTILL_REMOTE")
+
+    drift = _cli("archive", "verify", run_dir.name)
+    assert drift.exit_code == 1 and "MISSING" in drift.output, drift.output
+    pulled = _cli("archive", "pull", run_dir.name)
+    assert pulled.exit_code == 0 and "verified" in pulled.output, pulled.output
+    weights = run_dir / "checkpoints" / "step-2" / "model.safetensors"
+    assert weights.read_bytes() == (tiny_run / "checkpoints" / "step-2" / "model.safetensors").read_bytes()
+
+    # The record a push that dropped the checkpoints wrote: verify and pull still read them from
+    # the manifest and their `.dvc` file.
+    shrunk = json.loads((run_dir / "archive.json").read_text())
+    shrunk["outputs"].pop("checkpoints")
+    (run_dir / "archive.json").write_text(json.dumps(shrunk))
+    shutil.rmtree(run_dir / "checkpoints")
+    drift = _cli("archive", "verify", run_dir.name)
+    assert drift.exit_code == 1 and [
+        line for line in drift.output.splitlines() if "checkpoints" in line and "MISSING" in line
+    ]
+    pulled = _cli("archive", "pull", run_dir.name)
+    assert pulled.exit_code == 0, pulled.output
+    assert weights.read_bytes() == (tiny_run / "checkpoints" / "step-2" / "model.safetensors").read_bytes()
+
+
+FIXTURE = Path(__file__).parents[1] / "domains" / "dapo" / "fixtures" / "matharena_hub" / "train.jsonl"
+
+
+def test_a_dapo_run_on_a_users_data_archives_its_prompts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dapo run on a user's problems reads them from its file (no cached copy in the workspace):
+    the archive still holds the exact items it trained and was evaluated on, written once."""
+    import json
+
+    import distill.domains
+    from distill.archive.store import materialise_prompts
+    from distill.config import resolve_config
+
+    monkeypatch.setenv("DISTILL_WORKSPACE", str(tmp_path / "ws"))
+    config = resolve_config(
+        "dapo", "opd", None, [f"domain.data={FIXTURE}", "domain.eval_size=1", "domain.train_size=2"]
+    )
+    run_dir = tmp_path / "ws" / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    files = materialise_prompts(run_dir, config)
+    key = config.domain.items_key()
+    assert [p.name for p in files] == [f"dapo-eval-{key}.jsonl", f"dapo-train-{key}.jsonl"]
+    rows = {p.name.split("-")[1]: [json.loads(line) for line in p.read_text().splitlines()] for p in files}
+    assert len(rows["eval"]) == 1 and len(rows["train"]) == 2
+    assert not {r["prompt"] for r in rows["eval"]} & {r["prompt"] for r in rows["train"]}
+
+    def no_build(*args: object) -> None:
+        raise AssertionError("the domain was built again")
+
+    monkeypatch.setattr(distill.domains, "build_domain", no_build)
+    assert materialise_prompts(run_dir, config) == files  # a second push finds them in the run
