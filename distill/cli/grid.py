@@ -151,7 +151,9 @@ def status_command(ref: str, wait: bool) -> int:
     except GridRefused as exc:
         raise fail(str(exc)) from None
     rows = wait_for(grid, typer.echo) if wait else cell_rows(grid)
-    ended = conclude(grid, rows)  # the first look after the last job ended closes the parent run
+    # The first look after a SLURM grid's last job ended closes its parent run (a local grid's
+    # own process does that).
+    ended = grid.spec.executor == "slurm" and conclude(grid, rows)
     table = Table(title=f"grid {grid.spec.grid_id} ({grid.spec.executor}): {grid.spec.status}")
     for column in ("cell", "job", "SLURM state", "run", "step"):
         table.add_column(column, justify="right" if column == "step" else "left")

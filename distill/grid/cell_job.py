@@ -152,9 +152,13 @@ class CellJob(Checkpointable):
         """Called by submitit when SLURM signals the job: pass the signal to the run, wait for its
         checkpoint, and requeue the job as `distill run --resume` (a run that could not end in
         time is stopped; it then continues from its last periodic checkpoint)."""
+        sig = requeue.signal_of(self.spec.signal_name)
+        # Once: a second signal (a preemption after the time-limit warning; a signal SLURM sends
+        # again) would run submitit's handler inside this one and requeue before the checkpoint.
+        signal.signal(sig, signal.SIG_IGN)
         proc = self._proc
         if proc is not None and proc.poll() is None:
-            _signal_group(proc, requeue.signal_of(self.spec.signal_name))
+            _signal_group(proc, sig)
             if self._wait(proc, time.monotonic() + self.spec.grace_s) is None:
                 _signal_group(proc, signal.SIGTERM)
                 if self._wait(proc, time.monotonic() + TERM_WAIT_S) is None:

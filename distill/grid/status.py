@@ -80,7 +80,8 @@ class CellRow:
 
     @property
     def active(self) -> bool:
-        return self.job_state in ACTIVE
+        """Its job may still run it (or, where no job runs it, its run is live)."""
+        return self.job_state in ACTIVE or (self.job_id == "-" and self.run_status == "RUNNING")
 
     @property
     def done(self) -> bool:

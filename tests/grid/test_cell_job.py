@@ -4,6 +4,7 @@ cells `--resume` resubmits."""
 from __future__ import annotations
 
 import pickle
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -63,7 +64,13 @@ def test_the_pickle_holds_the_spec_never_the_child(tmp_path: Path) -> None:
     # What submitit requeues: the same cell, continued from its last checkpoint.
     log = tmp_path / "cell.log"
     job = CellJob(_spec(log=str(log)))
-    resumed = job.checkpoint().function
+    before = signal.getsignal(signal.SIGUSR2)
+    try:
+        resumed = job.checkpoint().function
+        # Once signalled, the job takes no second signal (it would requeue before the checkpoint).
+        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGUSR2, before)
     assert isinstance(resumed, CellJob) and resumed.spec.run_args == ["run", "--resume", "g-rlve-opd-s0"]
     assert "requeued" in log.read_text()
 
