@@ -64,3 +64,24 @@ def test_an_episode_ends_at_its_token_budget_with_its_score(tiny_zoo, registered
     )
     assert result.metrics["failed"] == 0 and result.metrics["items"] == 3
     assert all(row["turns"] < 20 for row in result.rows)
+
+
+def test_distill_eval_passes_the_episode_budget_to_its_episodes(tiny_zoo, registered, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`distill eval` of an episodic domain plays its episodes under the protocol's episode budget
+    (here the text game under a tiny one: every episode ends inside it, none failed)."""
+    from dataclasses import replace
+
+    from episodes.textgame import NAME
+
+    from distill.evals.standalone import EvalRequest, evaluate_model, prepare_eval
+    from distill.settings import Settings
+
+    settings = Settings(workspace=tmp_path / "ws")
+    prep = prepare_eval(EvalRequest(model=str(tiny_zoo.student), domain=NAME, items=2, max_new_tokens=200))
+    budget = 90
+    prep = replace(prep, sampling=replace(prep.sampling, episode_tokens=budget))
+    outcome = evaluate_model(prep, str(tiny_zoo.student), settings, say=lambda _: None)
+    assert outcome.episodic and outcome.result.metrics["items"] == 2 and outcome.result.metrics["failed"] == 0
+    # Each episode ended once it held the budget, well before the game's 6 turns.
+    for row in outcome.result.rows:
+        assert row["turns"] < 6 and (row["tokens"] >= budget or row["success"]), row
