@@ -84,3 +84,32 @@ def test_a_resume_from_the_last_steps_checkpoint_drops_the_final_eval_only(tmp_p
     run.metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
     run.trim_metrics(2, 2)
     assert [json.loads(line) for line in run.metrics.read_text().splitlines()] == rows[:4]
+
+
+def test_a_resume_drops_the_rows_of_the_step0_evals_it_runs_again(tmp_path: Path) -> None:
+    """A run stopped inside the teacher's step-0 eval (the student's recorded): the teacher's rows
+    go, the student's stay; stopped inside the student's, both go (`step0_evals_to_redo`)."""
+    from distill.config import resolve_config
+    from distill.run_eval import step0_evals_to_redo
+
+    config = resolve_config("rlve", "opd", None, [])
+    run = _make_run(tmp_path / "runs", "r")
+    rows = [
+        {"step": 0, "eval/rlve/accuracy": 0.1},
+        {"step": 0, "teacher/eval/rlve/accuracy": 0.9},
+        {"step": 0, "preflight/x": 1.0, "eval/other/accuracy": 0.5},
+    ]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    run.metrics.write_text(text)
+    redo = step0_evals_to_redo({"student_before": {"accuracy": 0.1}}, config)
+    assert redo == ("teacher/eval/",)
+    run.trim_metrics(0, 2, redo)
+    assert [json.loads(line) for line in run.metrics.read_text().splitlines()] == [rows[0], rows[2]]
+    run.metrics.write_text(text)
+    run.trim_metrics(0, 2, step0_evals_to_redo({}, config))
+    assert [json.loads(line) for line in run.metrics.read_text().splitlines()] == [
+        {"step": 0, "preflight/x": 1.0}
+    ]
+    assert step0_evals_to_redo(
+        {}, config.model_copy(update={"eval": config.eval.model_copy(update={"eval_teacher": False})})
+    ) == ("eval/",)
