@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,6 @@ class CellSpec:
     # The longest the job waits for the run's checkpoint once signalled (its signal delay, less
     # the time the requeue itself takes).
     grace_s: float = 60.0
-    env: dict[str, str] = field(default_factory=dict)
 
 
 def launcher_argv(
@@ -132,7 +131,6 @@ class CellJob(Checkpointable):
 
     def _env(self) -> dict[str, str]:
         return {
-            **self.spec.env,
             "DISTILL_WORKSPACE": self.spec.workspace,
             "DISTILL_TRACKING_URI": self.spec.tracking_uri,
             requeue.ENV: self.spec.signal_name,
