@@ -91,7 +91,7 @@ def model_shape(model: Any) -> dict[str, int]:
     for p in model.parameters():
         if id(p) not in seen:
             seen.add(id(p))
-            params += p.numel()
+            params += getattr(p, "ds_numel", p.numel())  # ZeRO-3 partitions p to 0 elements
     return {"params": params, "layers": int(config.num_hidden_layers), "attn_width": heads * int(head_dim)}
 
 

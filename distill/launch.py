@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -37,12 +39,23 @@ def is_main_process() -> bool:
     return rank() == 0
 
 
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
+def strategy() -> str:
+    """How this process's launcher spreads the student: `fsdp` (FSDP, sharded per layer), `zero3`
+    (DeepSpeed ZeRO-3), `deepspeed` (a lower ZeRO stage), `ddp` (replicated), `single`."""
+    if _flag("ACCELERATE_USE_FSDP"):
+        return "fsdp"
+    if _flag("ACCELERATE_USE_DEEPSPEED"):
+        return "zero3" if os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3" else "deepspeed"
+    return "ddp" if world_size() > 1 else "single"
+
+
 def sharded() -> bool:
     """The launcher shards the student (DeepSpeed ZeRO / FSDP) rather than replicating it (DDP)."""
-    return any(
-        os.environ.get(flag, "").lower() in ("1", "true", "yes")
-        for flag in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP")
-    )
+    return strategy() in ("fsdp", "zero3", "deepspeed")
 
 
 def launched() -> bool:
@@ -88,6 +101,44 @@ def init_distributed() -> None:
 
     # cpu=True without CUDA: accelerate then uses gloo (its MULTI_CPU type) for torchrun processes.
     PartialState(cpu=not torch.cuda.is_available(), timeout=PROCESS_GROUP_TIMEOUT)
+    if strategy() == "fsdp" and not torch.cuda.is_available():
+        _cpu_fsdp_state()
+    if strategy() in ("zero3", "deepspeed") and not torch.cuda.is_available():
+        _skip_deepspeed_shm_kernel()
+
+
+def _cpu_fsdp_state() -> None:
+    """accelerate's own FSDP path is GPU-only: on a CPU-only host it quietly trains the config's
+    FSDP run as data parallel. torch's `fully_shard` runs on CPU over gloo, so distill configures
+    accelerate's state as FSDP itself; the trainers reuse it (`configured_state`)."""
+    from accelerate import Accelerator
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = Accelerator(cpu=True).state
+    state.fsdp_plugin = FullyShardedDataParallelPlugin()  # from accelerate launch's FSDP_* environment
+    state.distributed_type = DistributedType.FSDP
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+
+def configured_state() -> bool:
+    """This process configured accelerate's state itself (FSDP on CPU): a trainer must use it
+    (`accelerator_config={"use_configured_state": True}`) instead of building its own."""
+    if strategy() != "fsdp" or world_size() <= 1:
+        return False
+    from accelerate.state import AcceleratorState
+
+    return AcceleratorState._shared_state.get("fsdp_plugin") is not None
+
+
+def _skip_deepspeed_shm_kernel() -> None:
+    """DeepSpeed on CPU compiles a shared-memory all-reduce kernel (minutes of C++) on its first
+    run; it serves tensor-parallel inference only (`inference_all_reduce`), never ZeRO training,
+    which all-gathers and reduce-scatters over gloo. DeepSpeed keeps the probed op table in one
+    dict for the process, so marking the op unavailable there skips the build."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def _group_ready() -> bool:
@@ -136,12 +187,170 @@ def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def token_share(count: int, device: Any) -> float:
+    """world size x this process's share of the step's tokens (1.0 in one process): a loss that is a
+    mean over this process's `count` tokens, times this, averages over the processes (what DDP,
+    FSDP and ZeRO do to gradients) to the mean over all of their tokens, as one process computes it."""
+    if not _group_ready():
+        return 1.0
+    import torch
+    import torch.distributed as dist
+
+    total = torch.tensor([float(count)], dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return world_size() * count / max(float(total.item()), 1.0)
+
+
 def per_device(total: int, field: str) -> int:
     """A global batch figure split over the ranks; the config always means the global batch."""
     n = world_size()
     if total % n:
         raise ValueError(f"{field}={total} is not divisible by the {n} training processes")
     return total // n
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a run is launched: the strategy (`strategy()`'s words, `fsdp1` for FSDP version 1) and
+    the number of training processes."""
+
+    strategy: str
+    processes: int
+
+    @property
+    def sharded(self) -> bool:
+        return self.strategy in ("fsdp", "fsdp1", "zero3", "deepspeed")
+
+
+def plan_here() -> Plan:
+    """The plan of this process (inside `accelerate launch`, or one process without it)."""
+    kind = strategy()
+    if kind == "fsdp" and os.environ.get("FSDP_VERSION", "2") != "2":
+        kind = "fsdp1"
+    return Plan(kind, world_size())
+
+
+def plan_of(config_file: Path | None, num_processes: int | None) -> Plan:
+    """The plan `accelerate launch [--config_file F] [--num_processes N]` would run (read from the
+    accelerate config file, as accelerate reads it); a file accelerate cannot use is refused."""
+    fields: dict[str, Any] = {}
+    if config_file is not None:
+        import yaml
+
+        try:
+            fields = yaml.safe_load(config_file.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f"--accelerate-config {config_file}: not a readable YAML file ({exc})") from None
+        if not isinstance(fields, dict):
+            raise ValueError(f"--accelerate-config {config_file}: not an accelerate config (a mapping)")
+    processes = num_processes if num_processes is not None else int(fields.get("num_processes") or 1)
+    kind = str(fields.get("distributed_type", "NO")).upper()
+    if kind == "FSDP":
+        version = str((fields.get("fsdp_config") or {}).get("fsdp_version", 1))
+        return Plan("fsdp" if version == "2" else "fsdp1", processes)
+    if kind == "DEEPSPEED":
+        stage = str((fields.get("deepspeed_config") or {}).get("zero_stage", ""))
+        return Plan("zero3" if stage == "3" else "deepspeed", processes)
+    return Plan("ddp" if processes > 1 else "single", processes)
+
+
+def launch_refusal(config: Any, plan: Plan) -> str | None:
+    """Why `config` cannot train as `plan` says (one line naming the fields), or None. Checked
+    before the run exists, in the `distill run` that starts the launcher and again in rank 0."""
+    if plan.strategy in ("zero3", "deepspeed") and not _installed("deepspeed"):
+        return "the accelerate config asks for DeepSpeed, which is not installed: pip install deepspeed"
+    if plan.strategy == "fsdp1":
+        return "fsdp_config.fsdp_version=1: distill shards the student with FSDP2; set fsdp_version: 2"
+    if plan.sharded and config.lora.enabled:
+        return (
+            "lora.enabled=true trains adapters on a whole student: use DDP (configs/accelerate/ddp.yaml), "
+            "not FSDP or DeepSpeed"
+        )
+    if config.teacher.shard and not plan.sharded:
+        return "teacher.shard=true shards the teacher over the FSDP2 / ZeRO-3 processes: launch with fsdp.yaml or zero3.yaml"
+    field = "optim.batch_size" if config.method.name == "sft" else "rollout.prompts_per_step"
+    total = config.optim.batch_size if field == "optim.batch_size" else config.rollout.prompts_per_step
+    if total % plan.processes:
+        return f"{field}={total} is not divisible by the {plan.processes} training processes"
+    return None
+
+
+def refusal(plan: Plan, config: Any, settings: Any, resume: str | None) -> str | None:
+    """Why a new run (`config`) or a resumed one (`resume`, a run id or path) cannot go as `plan`
+    says, or None; nothing in the run's directory is touched."""
+    if resume is None:
+        return None if config is None else launch_refusal(config, plan)
+    from distill.tracking.rundir import RunDir
+
+    run = RunDir.find(settings, resume)
+    return launch_refusal(run.read_config(), plan) or resume_refusal(run.last_checkpoint(), plan)
+
+
+# What a checkpoint folder records of the launch that wrote it (DistillCallback.on_save).
+LAUNCH_FILE = "distill_launch.json"
+
+
+def record_launch(folder: Path) -> None:
+    """Write this process's plan into a checkpoint folder, for `resume_refusal`."""
+    import json
+
+    plan = plan_here()
+    (folder / LAUNCH_FILE).write_text(json.dumps({"strategy": plan.strategy, "processes": plan.processes}))
+
+
+def resume_refusal(checkpoint: Path | None, plan: Plan) -> str | None:
+    """Why `plan` cannot continue from `checkpoint` (one line), or None. FSDP checkpoints hold the
+    full model and optimizer state, re-sharded over any number of FSDP processes, and DDP's and one
+    process's are the same files; ZeRO shards its optimizer state per process, and each family
+    stores its optimizer state in its own file, which another would silently skip."""
+    if checkpoint is None or not (checkpoint / LAUNCH_FILE).exists():
+        return None
+    import json
+
+    wrote = json.loads((checkpoint / LAUNCH_FILE).read_text())
+    was, count = str(wrote["strategy"]), int(wrote["processes"])
+    family = {"single": "plain", "ddp": "plain"}
+    if family.get(was, was) == family.get(plan.strategy, plan.strategy) and (
+        plan.strategy not in ("zero3", "deepspeed") or count == plan.processes
+    ):
+        return None
+    how = {
+        "single": "one process",
+        "ddp": "DDP",
+        "fsdp": "FSDP2",
+        "zero3": "ZeRO-3",
+        "deepspeed": "DeepSpeed",
+    }
+    return (
+        f"{checkpoint.name} was written by {how.get(was, was)} over {count} process(es); resume it "
+        f"with the same launcher{' and process count' if was in ('zero3', 'deepspeed') else ''} "
+        f"(this launch: {how.get(plan.strategy, plan.strategy)} over {plan.processes})"
+    )
+
+
+def resume_note(checkpoint: Path | None, plan: Plan) -> str | None:
+    """The line a resume over another number of processes prints (None: the same number)."""
+    if checkpoint is None or not (checkpoint / LAUNCH_FILE).exists():
+        return None
+    import json
+
+    count = int(json.loads((checkpoint / LAUNCH_FILE).read_text())["processes"])
+    if count == plan.processes:
+        return None
+    return (
+        f"resuming over {plan.processes} process(es) from {checkpoint.name}, written by {count}: the model "
+        "and optimizer state are whole in it and re-split; the data order and sampling continue "
+        "from the same step but not bit for bit as an uninterrupted run"
+    )
+
+
+def _installed(package: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(package) is not None
+    except ValueError:  # a module set to None in sys.modules: not importable
+        return False
 
 
 def strip_launcher_flags(args: list[str]) -> list[str]:
@@ -192,8 +401,11 @@ def exec_accelerate(
     config_file: Path | None,
     num_processes: int | None,
     preflight: bool = False,
+    check: Callable[[Plan], str | None] | None = None,
 ) -> None:
-    """Replace this process by `accelerate launch`: its exit status is the run's."""
+    """Replace this process by `accelerate launch`: its exit status is the run's. `check` says
+    why the run cannot go as the launch plan says (launch_refusal, resume_refusal): then nothing
+    is started, and no process or run directory exists."""
     if launcher is None:
         raise ValueError("--accelerate-config and --num-processes go with --launcher accelerate")
     if launcher != "accelerate":
@@ -205,6 +417,8 @@ def exec_accelerate(
     if launched():
         raise ValueError("already running under a launcher (LOCAL_RANK is set); drop --launcher")
     argv = accelerate_argv(run_args, config_file, num_processes)
+    if check is not None and (reason := check(plan_of(config_file, num_processes))):
+        raise ValueError(reason)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(argv[0], argv)

@@ -97,7 +97,14 @@ def test_single_process_agreement_is_the_identity() -> None:
 
 @pytest.mark.parametrize(
     ("name", "kind"),
-    [("cpu-ddp", "MULTI_GPU"), ("ddp", "MULTI_GPU"), ("zero3", "DEEPSPEED"), ("fsdp", "FSDP")],
+    [
+        ("cpu-ddp", "MULTI_GPU"),
+        ("ddp", "MULTI_GPU"),
+        ("zero3", "DEEPSPEED"),
+        ("fsdp", "FSDP"),
+        ("cpu-fsdp", "FSDP"),
+        ("cpu-zero3", "DEEPSPEED"),
+    ],
 )
 def test_shipped_configs_are_valid_accelerate_configs(name: str, kind: str) -> None:
     from accelerate.commands.config.config_args import load_config_from_file
@@ -106,12 +113,12 @@ def test_shipped_configs_are_valid_accelerate_configs(name: str, kind: str) -> N
     assert cfg.distributed_type.value == kind
     # distill's precision is student.precision: no launcher-level autocast.
     assert str(cfg.mixed_precision) == "no"
-    if name == "zero3":
+    if name.endswith("zero3"):
         assert cfg.deepspeed_config["zero_stage"] == 3
-    if name == "fsdp":
+    if name.endswith("fsdp"):
         assert cfg.fsdp_config["fsdp_version"] == 2
         assert cfg.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"
-    if name == "cpu-ddp":
+    if name.startswith("cpu-"):
         assert cfg.num_processes == 2 and cfg.main_process_port == 0  # a free port: tests run in parallel
 
 
@@ -121,17 +128,55 @@ def test_sharded_launchers_are_recognised(monkeypatch: pytest.MonkeyPatch) -> No
     assert launch.sharded()
 
 
-@pytest.mark.parametrize("loss", ["forward_kl_topk", "jsd", "k3"])
-def test_divergence_losses_refuse_a_sharded_student(monkeypatch: pytest.MonkeyPatch, loss: str) -> None:
-    from distill.config import OPDMethod, RunConfig
-    from distill.methods.batch import TeacherSide
-    from distill.methods.context import RunContext
-    from distill.methods.on_policy import train_on_policy
-    from distill.methods.views import plain_prompt
-    from distill.tracking.rundir import RunDir
+def test_launch_plans_are_read_from_the_accelerate_configs() -> None:
+    plan = launch.plan_of
+    assert plan(ACCELERATE_CONFIGS / "cpu-fsdp.yaml", None) == launch.Plan("fsdp", 2)
+    assert plan(ACCELERATE_CONFIGS / "cpu-zero3.yaml", None) == launch.Plan("zero3", 2)
+    assert plan(ACCELERATE_CONFIGS / "fsdp.yaml", 4) == launch.Plan("fsdp", 4)  # the flag wins
+    assert plan(ACCELERATE_CONFIGS / "cpu-ddp.yaml", 1) == launch.Plan("single", 1)
+    assert plan(None, 2) == launch.Plan("ddp", 2) and plan(None, None) == launch.Plan("single", 1)
 
-    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    # Refused before the domain, the engines or the log are touched: none is needed.
-    ctx = RunContext(RunConfig(method=OPDMethod(loss=loss)), RunDir(Path(".")), None, None, None, None)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=f"method.loss={loss} trains in several processes with DDP only"):
-        train_on_policy(ctx, {"rlve": TeacherSide(None, plain_prompt)})  # type: ignore[arg-type]
+
+def test_launch_refusals_name_the_fields(tmp_path: Path) -> None:
+    from distill.config import resolve_config
+
+    fsdp, zero3 = launch.Plan("fsdp", 2), launch.Plan("zero3", 2)
+    opd = resolve_config("rlve", "opd", None, ["rollout.prompts_per_step=4"])
+    # Every loss of the family trains sharded (no refusal left for forward_kl_topk, jsd, k1, k3).
+    for loss in ("forward_kl_topk", "jsd", "k1", "k3", "token_reward_direct"):
+        cfg = resolve_config("rlve", "opd", None, [f"method.loss={loss}"])
+        assert launch.launch_refusal(cfg, fsdp) is None and launch.launch_refusal(cfg, zero3) is None
+    odd = resolve_config("rlve", "opd", None, ["rollout.prompts_per_step=3"])
+    assert (
+        launch.launch_refusal(odd, fsdp)
+        == "rollout.prompts_per_step=3 is not divisible by the 2 training processes"
+    )
+    sft = resolve_config("rlve", "sft", None, ["optim.batch_size=5"])
+    assert "optim.batch_size=5 is not divisible" in str(launch.launch_refusal(sft, fsdp))
+    lora = resolve_config("rlve", "sft", None, ["lora.enabled=true"])
+    assert "lora.enabled=true" in str(launch.launch_refusal(lora, zero3))
+    assert launch.launch_refusal(lora, launch.Plan("ddp", 2)) is None
+    assert "fsdp_version=1" in str(launch.launch_refusal(opd, launch.Plan("fsdp1", 2)))
+    shard = resolve_config("rlve", "opd", None, ["teacher.shard=true"])
+    assert "teacher.shard=true" in str(launch.launch_refusal(shard, launch.Plan("ddp", 2)))
+    assert launch.launch_refusal(shard, fsdp) is None
+
+
+def test_resuming_under_another_launch(tmp_path: Path) -> None:
+    step = tmp_path / "step-3"
+    step.mkdir()
+    assert launch.resume_refusal(step, launch.Plan("zero3", 4)) is None  # written before the record
+    (step / launch.LAUNCH_FILE).write_text('{"strategy": "fsdp", "processes": 2}')
+    # FSDP checkpoints are whole: any number of FSDP processes continues, and says so.
+    assert launch.resume_refusal(step, launch.Plan("fsdp", 4)) is None
+    assert "over 4 process(es) from step-3, written by 2" in str(
+        launch.resume_note(step, launch.Plan("fsdp", 4))
+    )
+    assert launch.resume_note(step, launch.Plan("fsdp", 2)) is None
+    # One process (or DDP) would read another optimizer file and start from fresh moments.
+    assert "step-3 was written by FSDP2 over 2" in str(launch.resume_refusal(step, launch.Plan("single", 1)))
+    (step / launch.LAUNCH_FILE).write_text('{"strategy": "zero3", "processes": 2}')
+    assert launch.resume_refusal(step, launch.Plan("zero3", 2)) is None
+    assert "and process count" in str(launch.resume_refusal(step, launch.Plan("zero3", 1)))
+    (step / launch.LAUNCH_FILE).write_text('{"strategy": "ddp", "processes": 2}')
+    assert launch.resume_refusal(step, launch.Plan("single", 1)) is None  # the same files

@@ -105,10 +105,17 @@ def run(
     if resume is not None and _finished(settings, resume):
         return
     if launcher is not None or accelerate_config is not None or num_processes is not None:
-        from distill.launch import exec_accelerate
+        from distill.launch import exec_accelerate, refusal
 
         try:  # replaces this process by `accelerate launch ... -m distill run ...`
-            exec_accelerate(launcher, sys.argv[1:], accelerate_config, num_processes, preflight)
+            exec_accelerate(
+                launcher,
+                sys.argv[1:],
+                accelerate_config,
+                num_processes,
+                preflight,
+                check=lambda plan: refusal(plan, cfg, settings, resume),
+            )
         except ValueError as exc:
             raise fail(str(exc)) from None
     from distill.cli.report import print_run_summary

@@ -56,6 +56,9 @@ class ModelConfig(Strict):
     # A Jinja chat-template file for a tokenizer that has none (or whose own should not be used):
     # a tokenizer without a template is refused rather than given a silent default.
     chat_template: str | None = None
+    # A teacher (engine=hf) under FSDP2 / ZeRO-3: sharded over the training processes for
+    # inference, as the student is, instead of a whole copy in each (one too big for a device).
+    shard: bool = False
 
     @model_validator(mode="after")
     def _server_needs_url(self) -> ModelConfig:
@@ -299,6 +302,10 @@ class RunConfig(Strict):
         # The student trains in this process; only the teacher can live behind a server.
         if self.student.engine == "server":
             raise ValueError("student.engine=server is not supported: the student trains locally (engine=hf)")
+        if self.student.shard:
+            raise ValueError(
+                "student.shard: the launcher shards the student (configs/accelerate/fsdp.yaml, zero3.yaml)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -187,6 +187,10 @@ class HFEngine(ChatPrompts):
                         max_new_tokens=budget,
                         pad_token_id=self.tokenizer.pad_token_id,
                         eos_token_id=sorted(eos),
+                        # A model is whole when it generates (a sharded student is gathered
+                        # first: kernels/sharded.py), and rank 0 evaluates alone: transformers'
+                        # per-token sync over the processes under FSDP / ZeRO-3 would wait forever.
+                        synced_gpus=False,
                         **_sampling(sampling),
                         **suppress,
                     )
@@ -224,6 +228,7 @@ class HFEngine(ChatPrompts):
                 max_new_tokens=budget,
                 pad_token_id=self.tokenizer.pad_token_id,
                 eos_token_id=sorted(eos),
+                synced_gpus=False,  # whole weights, never a sharded forward (`generate` above)
                 return_dict_in_generate=True,
                 **_sampling(sampling),
             )

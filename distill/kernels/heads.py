@@ -415,14 +415,27 @@ def scatter_positions(values_N_X: Tensor, mask_B_T: Tensor, fill: float = 0.0) -
     return out_B_T_X
 
 
-def output_head(model: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
-    """(weight_V_H, bias_V or None) of an HF causal LM's output head, as live parameters. Raises for
-    heads whose logits are not `hidden @ W.T + b`: Gemma soft-capping, Cohere/Granite logit scaling,
-    non-Linear (e.g. PEFT-wrapped) heads."""
+def head_module(model: torch.nn.Module) -> torch.nn.Linear:
+    """An HF causal LM's output head module; refuses a head that is not an nn.Linear (e.g. PEFT-wrapped)."""
     get_head = getattr(model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
     if not isinstance(head, torch.nn.Linear):
         raise TypeError(f"output head must be an nn.Linear, got {type(head).__name__}")
+    return head
+
+
+def head_shape(model: torch.nn.Module) -> tuple[int, int]:
+    """(vocabulary rows, hidden size) of an HF causal LM's output head, as the module declares them:
+    a sharded weight (ZeRO-3 partitions it to 0 rows on every rank) never says its full shape."""
+    head = head_module(model)
+    return int(head.out_features), int(head.in_features)
+
+
+def output_head(model: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
+    """(weight_V_H, bias_V or None) of an HF causal LM's output head, as live parameters. Raises for
+    heads whose logits are not `hidden @ W.T + b`: Gemma soft-capping, Cohere/Granite logit scaling,
+    non-Linear (e.g. PEFT-wrapped) heads."""
+    head = head_module(model)
     config = getattr(model, "config", None)
     for attr, neutral in (("final_logit_softcapping", None), ("logit_scale", 1.0), ("logits_scaling", 1.0)):
         value = getattr(config, attr, neutral)

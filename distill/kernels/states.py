@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from distill.kernels.heads import (
-    output_head,
     scatter_positions,
     select_positions,
     token_logprobs,
     token_logprobs_entropy,
 )
-from distill.launch import world_size
+from distill.kernels.sharded import head_call
+from distill.launch import token_share, world_size
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -77,9 +77,11 @@ def sequence_logprobs(
     from the state at t-1), flat [N] in row-major order: hidden states once, head per chunk."""
     hidden_B_L_H = decoder_states(model, ids_B_L, attention_mask_B_L)
     scored = scored_B_L[:, 1:].bool()
-    weight, bias = output_head(head_model)
-    return token_logprobs(
-        select_positions(hidden_B_L_H[:, :-1], scored), weight, bias, ids_B_L[:, 1:][scored]
+    targets_N = ids_B_L[:, 1:][scored]
+    return head_call(
+        head_model,
+        lambda hidden_N_H, weight, bias: token_logprobs(hidden_N_H, weight, bias, targets_N),
+        select_positions(hidden_B_L_H[:, :-1], scored),
     )
 
 
@@ -87,7 +89,8 @@ def ce_loss(
     model: Any, head_model: Any, batch: dict[str, torch.Tensor], num_items: Any = None
 ) -> torch.Tensor:
     """Cross-entropy on the labelled tokens of (input_ids, attention_mask, labels) rows: the mean over
-    labelled tokens, or their sum / `num_items` (the Trainer's count across accumulation)."""
+    labelled tokens, or their sum / `num_items` (the Trainer's count across accumulation and
+    processes)."""
     labels_B_L = batch["labels"]
     labelled_B_L = labels_B_L != -100
     ids_B_L = batch["input_ids"]
@@ -96,9 +99,13 @@ def ce_loss(
         raise ValueError("ce_loss: labels must be the input ids (or -100)")
     logprobs_N = sequence_logprobs(model, head_model, ids_B_L, batch["attention_mask"], labelled_B_L)
     total = -logprobs_N.sum()
+    # Several processes: the data parallel wrapper averages their gradients, so each one's loss is
+    # scaled to make that average the one-process loss over all of their tokens.
     if num_items is None:
-        return total / max(logprobs_N.numel(), 1)
-    return total / torch.as_tensor(num_items, device=total.device).clamp(min=1)
+        return total / max(logprobs_N.numel(), 1) * token_share(logprobs_N.numel(), total.device)
+    # The Trainer's count is already over every process (average_tokens_across_devices), as
+    # transformers' own loss scales it.
+    return total / torch.as_tensor(num_items, device=total.device).clamp(min=1) * world_size()
 
 
 def completion_logprobs(
@@ -120,12 +127,20 @@ def completion_logprobs(
     mask_B_T = attention_mask_B_L[:, -width:].bool()
     hidden_N_H = select_positions(hidden_B_L_H[:, -width - 1 : -1], mask_B_T)
     targets_N = input_ids_B_L[:, -width:][mask_B_T]
-    weight, bias = output_head(head_model)
-    logprobs_N, entropy_N = token_logprobs_entropy(
-        hidden_N_H, weight, bias, targets_N, temperature=temperature
-    )
-    plain_B_T = None
-    if untempered and temperature != 1.0:
-        with torch.no_grad():
-            plain_B_T = scatter_positions(token_logprobs(hidden_N_H, weight, bias, targets_N), mask_B_T)
+
+    def passes(
+        hidden_N_H: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        logprobs_N, entropy_N = token_logprobs_entropy(
+            hidden_N_H, weight, bias, targets_N, temperature=temperature
+        )
+        plain_N = None
+        if untempered and temperature != 1.0:
+            with torch.no_grad():
+                plain_N = token_logprobs(hidden_N_H, weight, bias, targets_N)
+        return logprobs_N, entropy_N, plain_N
+
+    # Both passes in one call: a sharded head is gathered once for them (sharded.py).
+    logprobs_N, entropy_N, plain_N = head_call(head_model, passes, hidden_N_H)
+    plain_B_T = None if plain_N is None else scatter_positions(plain_N, mask_B_T)
     return scatter_positions(logprobs_N, mask_B_T), scatter_positions(entropy_N, mask_B_T), plain_B_T

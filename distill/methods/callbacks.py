@@ -17,8 +17,17 @@ from transformers import TrainerCallback
 
 from distill import requeue
 from distill.hardware import model_shape, reset_gpu_peak, step_metrics
-from distill.kernels.heads import default_chunk_rows
-from distill.launch import barrier, broadcast, reduce_metrics, world_size
+from distill.kernels.heads import default_chunk_rows, head_shape
+from distill.kernels.sharded import full_weights, track_optimizer
+from distill.launch import (
+    barrier,
+    broadcast,
+    configured_state,
+    record_launch,
+    reduce_metrics,
+    strategy,
+    world_size,
+)
 from distill.progress import StepBar
 
 if TYPE_CHECKING:
@@ -54,13 +63,16 @@ class DistillCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ):
         self._requeue = requeue.listen()
+        model = kw.get("model")
+        if model is not None:  # ZeRO-3: whose hooks `full_weights` lifts for rank-local inference
+            track_optimizer(model, kw.get("optimizer"))
         if not state.is_world_process_zero:
             return  # one progress bar per run, rank 0's
-        model = kw.get("model")
         if model is not None:
             self._device = next(model.parameters()).device
             self._shape = model_shape(model) if self._device.type == "cuda" else None
-            vocab = int(model.get_output_embeddings().weight.shape[0])
+            # The head's declared rows: under ZeRO-3 its weight holds 0 rows outside a forward.
+            vocab = head_shape(model)[0]
             # The output head's rows per chunk on this device (kernels/heads.py), once a run.
             self.ctx.log.tracker.set_tags(
                 {"kernels.chunk_rows": str(default_chunk_rows(vocab, self._device))}
@@ -83,16 +95,23 @@ class DistillCallback(TrainerCallback):
         every = self.ctx.config.eval.every_steps
         if every and state.global_step % every == 0 and state.global_step < state.max_steps:
             model = kw.get("model")
-            if model is not None and self.ctx.evaluate_student is not None:
-                was_training = model.training
-                model.eval()
-                self.ctx.evaluate_student(state.global_step, model)
-                if was_training:
-                    model.train()
+            if model is not None:
+                self._evaluate(state.global_step, model)
         # Every rank stops at the step rank 0 saw the signal at (one collective per step, on SLURM only).
         if self._requeue and broadcast(requeue.requested()):
             control.should_save = control.should_training_stop = True
             self._requeue_step = state.global_step
+
+    def _evaluate(self, step: int, model: Any) -> None:
+        """Rank 0 evaluates the live student while the other ranks wait in the next collective. A
+        sharded student is gathered whole on every rank first: its forwards are collectives."""
+        with full_weights(model):
+            if self.ctx.evaluate_student is not None:
+                was_training = model.training
+                model.eval()
+                self.ctx.evaluate_student(step, model)
+                if was_training:
+                    model.train()
 
     def on_log(
         self,
@@ -142,6 +161,7 @@ class DistillCallback(TrainerCallback):
             # the rename and the sync would leave a checkpoint whose points MLflow lacks. Bounded,
             # and skipped while the store is down, so a slow or unreachable store never holds the run.
             tracker.sync(CHECKPOINT_SYNC_S)
+            record_launch(src)  # which launcher and process count a resume must match (launch.py)
             if dst.exists():
                 import shutil
 
@@ -170,6 +190,7 @@ def trainer_common_args(ctx: RunContext) -> dict[str, Any]:
     """TrainingArguments shared by every method: distill owns logging and checkpoint naming."""
     cfg = ctx.config
     every = cfg.checkpoint.every_steps
+    deepspeed = strategy() in ("zero3", "deepspeed")
     return dict(
         output_dir=str(ctx.checkpoints_dir),
         max_steps=cfg.optim.max_steps,
@@ -189,8 +210,15 @@ def trainer_common_args(ctx: RunContext) -> dict[str, Any]:
         seed=cfg.seed,
         data_seed=cfg.seed,
         # Where the student was placed (engines/placement.py): a student pinned to the CPU beside
-        # a GPU stays there instead of being moved by the Trainer.
-        use_cpu=ctx.student.model.device.type == "cpu",
+        # a GPU stays there instead of being moved by the Trainer. DeepSpeed picks its own device
+        # (its CPU accelerator on a CPU-only host); accelerate runs DeepSpeed only when not told cpu.
+        use_cpu=ctx.student.model.device.type == "cpu" and not deepspeed,
+        # DeepSpeed on a CPU-only host: accelerate finds no device backend there and would count
+        # one process; gloo is the backend DeepSpeed's CPU accelerator uses.
+        ddp_backend="gloo" if deepspeed and ctx.student.model.device.type == "cpu" else None,
+        # FSDP on a CPU-only host: the accelerate state launch.py configured (accelerate would
+        # otherwise build a data-parallel one there).
+        accelerator_config={"use_configured_state": True} if configured_state() else None,
         # TRL's configs default to bf16 autocast; distill's precision is the dtype the weights are
         # loaded in (student.precision), never a silent autocast.
         bf16=False,

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from distill import registry
 from distill.engines.hf import HFEngine
+from distill.kernels.sharded import sharding_of, whole_loading
+from distill.launch import is_main_process
 from distill.tracking.rundir import RunDir, step_of
 
 if TYPE_CHECKING:
@@ -77,12 +79,20 @@ def train_or_take_final(ctx: RunContext, train: Callable[[RunContext], None]) ->
     done = ctx.resume_from
     if done is None or (step_of(done) or 0) < ctx.config.optim.max_steps:
         train(ctx)
-        return ctx.student
+        # A sharded student holds a shard of each weight on each rank, and what follows (the final
+        # eval) runs on rank 0 alone: it takes the final checkpoint's whole weights.
+        if sharding_of(ctx.student.model) is None or not is_main_process():
+            return ctx.student
+        done = ctx.run.checkpoint(ctx.config.optim.max_steps)
+    else:
+        ctx.say(
+            f"training: all {ctx.config.optim.max_steps} steps are in {done.name}; the final eval follows"
+        )
     import torch
 
-    ctx.say(f"training: all {ctx.config.optim.max_steps} steps are in {done.name}; the final eval follows")
     spec = ctx.config.student
-    final = HFEngine.load(str(done), spec.precision, spec.enable_thinking)
+    with whole_loading():
+        final = HFEngine.load(str(done), spec.precision, spec.enable_thinking)
     # Where training left the student (a GPU run); torch's `to`, which transformers' typing hides.
     torch.nn.Module.to(final.model, ctx.student.model.device)
     return final

@@ -33,8 +33,9 @@ from distill.engines import vllm as vllm_engine
 from distill.engines.batched import continue_many
 from distill.engines.decode import lean_decoder
 from distill.engines.worker import WorkerEngine
+from distill.kernels.sharded import full_weights
 from distill.kernels.states import completion_logprobs
-from distill.launch import per_device, sharded
+from distill.launch import per_device
 from distill.methods.async_teacher import AsyncTeacher
 from distill.methods.batch import Batches, Rollouts, TeacherSide, cut_out_of_vocab
 from distill.methods.callbacks import DistillCallback, quiet, trainer_common_args
@@ -122,6 +123,14 @@ class OnPolicyTrainer(GRPOTrainer):
         super().__init__(**kwargs)
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        # A sharded student is whole on every rank for the rollouts and the scores it gives itself
+        # (preflight, OPSD's live teacher): each rank's forwards are then its own, never collectives
+        # every rank would have to run in step (kernels/sharded.py).
+        assert self.model is not None
+        with full_weights(self.model):
+            return self._batch(inputs)
+
+    def _batch(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         step = self.state.global_step + 1
         if self.pipeline is not None:
             return self.pipeline.step(
@@ -255,6 +264,10 @@ def grpo_args(ctx: RunContext, sampling: Sampling) -> GRPOConfig:
         shuffle_dataset=True,
         log_completions=False,
         chat_template_kwargs=template_kwargs(ctx),
+        # ZeRO-3: distill gathers the student itself for the whole rollout-and-scoring stretch
+        # (OnPolicyTrainer._generate_and_score_completions); a second gather inside it would
+        # release the weights on its way out.
+        ds3_gather_for_generation=False,
         **vllm_engine.trainer_args(cfg.rollout),
     )
 
@@ -263,14 +276,6 @@ def _train(
     ctx: RunContext, teachers: dict[str, TeacherSide], callbacks: Sequence[Any], pipeline: AsyncTeacher | None
 ) -> None:
     cfg = ctx.config
-    loss = ctx.method_as(OnPolicyKL).loss
-    if sharded() and loss != "token_reward_direct":
-        # The divergence losses apply the student's head outside the wrapper's forward, where
-        # ZeRO-3 / FSDP hold only a shard of it.
-        raise ValueError(
-            f"method.loss={loss} trains in several processes with DDP only, not DeepSpeed or "
-            "FSDP; use method.loss=token_reward_direct (TRL's GRPO loss) or configs/accelerate/ddp.yaml"
-        )
     items = ctx.items = ctx.domain.train_items()
     # Conversational prompts: TRL renders them with the chat template and tokenises without adding
     # special tokens again, exactly as HFEngine.prompt_ids does for the teacher (see preflight).

@@ -19,6 +19,7 @@ from transformers import PreTrainedModel, Trainer, TrainingArguments
 
 from distill.engines.hf import HFEngine
 from distill.kernels.states import ce_loss
+from distill.launch import per_device, rank
 from distill.methods.callbacks import DistillCallback, quiet, trainer_common_args
 
 if TYPE_CHECKING:
@@ -68,6 +69,11 @@ class MicroBatches:
         """This micro-batch's own random stream."""
         return random.Random(self.seed * 1_000_003 + self.step * 1_009 + self.index)
 
+    def sample_rng(self, sample: int) -> random.Random:
+        """The stream of sample `sample` of this micro-batch's global batch (every process's samples
+        in order): a sample draws the same whichever process holds it, and however many there are."""
+        return random.Random(f"{self.seed}:{self.step}:{self.index}:{sample}")
+
 
 class OnlineTrainer(Trainer):
     """A Trainer whose batch of item indices is turned into rollouts inside each step."""
@@ -94,6 +100,11 @@ class OnlineTrainer(Trainer):
         ctx = self.distill_ctx
         n = ctx.config.rollout.num_generations
         return [ctx.items[int(i)] for i in inputs["item_index"] for _ in range(n)]
+
+    def sample_rngs(self, count: int) -> list[random.Random]:
+        """The streams of this process's `count` samples: its slice of the global batch (the data
+        loader gives process r the r-th of equal slices)."""
+        return [self.micro.sample_rng(rank() * count + i) for i in range(count)]
 
     def compute_loss(
         self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
@@ -145,9 +156,9 @@ def run_online(
     from datasets import Dataset
 
     ctx.items = ctx.domain.train_items()
-    args = TrainingArguments(
-        **trainer_common_args(ctx), per_device_train_batch_size=ctx.config.rollout.prompts_per_step
-    )
+    # rollout.prompts_per_step is the global batch, split over the training processes.
+    per_process = per_device(ctx.config.rollout.prompts_per_step, "rollout.prompts_per_step")
+    args = TrainingArguments(**trainer_common_args(ctx), per_device_train_batch_size=per_process)
     trainer = trainer_class(
         ctx,
         model=ctx.student.model,

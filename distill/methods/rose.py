@@ -23,6 +23,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from distill.config import ROSEMethod
+from distill.kernels.sharded import full_weights
 from distill.methods.budget import student_completions, supervised_share, teacher_budget
 from distill.methods.context import RunContext
 from distill.methods.online import IGNORE, CECallback, OnlineTrainer, run_online
@@ -80,9 +81,10 @@ def rose_example(
 
 
 def student_rollouts(
-    ctx: RunContext, engine: HFEngine, bridge: TokenizerBridge, items: list[Item], rng: random.Random
+    ctx: RunContext, engine: HFEngine, bridge: TokenizerBridge, items: list[Item], rngs: list[random.Random]
 ) -> list[Rollout]:
-    """The live student's full responses (for coverage and K-by-fraction), each cut at its K."""
+    """The live student's full responses (for coverage and K-by-fraction), each cut at its K
+    (drawn from its own stream in `rngs`)."""
     cfg = ctx.config
     method = ctx.method_as(ROSEMethod)
     prompts = [ctx.student.prompt_ids(item.prompt) for item in items]
@@ -92,7 +94,7 @@ def student_rollouts(
     # decoded or bridged: the response is cut before it.
     limit = len(ctx.student.tokenizer)
     rollouts = []
-    for item, prompt, comp in zip(items, prompts, completions, strict=True):
+    for item, prompt, comp, rng in zip(items, prompts, completions, rngs, strict=True):
         content = comp.ids[:-1] if comp.ids and comp.ids[-1] in eos else comp.ids
         content = next((content[:i] for i, tok in enumerate(content) if tok >= limit), content)
         k = draw_prefix_len(method, len(content), rng)
@@ -235,11 +237,14 @@ class ROSETrainer(OnlineTrainer):
             self._acc = []
             self._times = {"perf/gen_time_s": 0.0, "perf/teacher_time_s": 0.0, "perf/train_time_s": 0.0}
         batch_items = self.step_items(inputs)
-        rng = self.micro.rng()
         engine = self.live_engine()
         t0 = time.perf_counter()
         engine.model.eval()  # Trainer.training_step switches it back to train mode
-        rollouts = student_rollouts(ctx, engine, self.bridge, batch_items, rng)
+        # A sharded student is whole on every rank for its rollouts (kernels/sharded.py).
+        with full_weights(engine.model):
+            rollouts = student_rollouts(
+                ctx, engine, self.bridge, batch_items, self.sample_rngs(len(batch_items))
+            )
         t1 = time.perf_counter()
         teacher_continuations(ctx, self.bridge, rollouts)
         t2 = time.perf_counter()

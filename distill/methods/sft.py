@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 from distill.config import SFTMethod
 from distill.kernels.states import ce_loss
+from distill.launch import barrier, is_main_process, per_device
 from distill.methods.budget import teacher_budget
 from distill.methods.callbacks import quiet, trainer_common_args
 from distill.methods.context import RunContext
@@ -21,11 +23,19 @@ from distill.progress import progress_bar
 
 
 def write_trajectories(ctx: RunContext) -> list[dict[str, Any]]:
+    path = ctx.run.data / "teacher_trajectories.jsonl"
+    # A resumed run trains on the same data, not a fresh draw. Several processes: rank 0 writes
+    # them, and every process trains on that one file.
+    if is_main_process() and not path.exists():
+        _write_rows(path, _teacher_rows(ctx))
+    barrier()
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _teacher_rows(ctx: RunContext) -> list[dict[str, Any]]:
+    """The teacher's trajectories for as many training prompts as the run's steps need."""
     cfg = ctx.config
     method = ctx.method_as(SFTMethod)
-    path = ctx.run.data / "teacher_trajectories.jsonl"
-    if path.exists():  # resumed run: the same data, not a fresh draw
-        return [json.loads(line) for line in path.read_text().splitlines()]
     needed = math.ceil(cfg.optim.max_steps * cfg.optim.batch_size * cfg.optim.grad_accum / method.epochs)
     items = ctx.domain.train_items()
     prompts_needed = min(len(items), math.ceil(needed / method.samples_per_prompt))
@@ -50,11 +60,14 @@ def write_trajectories(ctx: RunContext) -> list[dict[str, Any]]:
                 "correct": score.correct,
             }
         )
+    return rows
+
+
+def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as fh:
         for row in rows:
             fh.write(json.dumps(row) + "\n")
-    return rows
 
 
 def check_budget(ctx: RunContext, rows: list[dict[str, Any]], kept: list[dict[str, Any]]) -> None:
@@ -107,7 +120,8 @@ def train(ctx: RunContext) -> None:
     )
     args = SFTConfig(
         **trainer_common_args(ctx),
-        per_device_train_batch_size=cfg.optim.batch_size,
+        # optim.batch_size is the global batch, split over the training processes.
+        per_device_train_batch_size=per_device(cfg.optim.batch_size, "optim.batch_size"),
         completion_only_loss=True,
         packing=False,
         max_length=None,

@@ -30,8 +30,11 @@ import torch
 
 from distill.config import OnPolicyKL
 from distill.kernels import losses
-from distill.kernels.heads import head_gather, head_gather_topk, output_head, select_positions, token_logprobs
+from distill.kernels.heads import head_gather, head_gather_topk, head_module, select_positions, token_logprobs
+from distill.kernels.jsd import chunked_jsd
+from distill.kernels.sharded import head_call
 from distill.kernels.states import decoder_states
+from distill.launch import token_share
 from distill.methods.cross_family import CrossFamily, group_advantages, group_divergence
 from distill.methods.scoring import Figures, KLMeter, advantages, clipped, token_advantages
 
@@ -95,38 +98,60 @@ class Signal:
         batch: the student's hidden states once (through `model`, the trainer's possibly wrapped
         module), the head of `head_model` (unwrapped) applied per chunk of completion positions;
         the sampled tokens' logprobs from the same pass give the step's `kl/` figures."""
+        mask_B_T = inputs["completion_mask"].bool()
+        hidden_N_H = select_positions(student_states(model, inputs), mask_B_T)
+        # One head call for every pass of the step: a sharded head is gathered once (sharded.py).
+        head = head_module(head_model)
+        loss, figures = head_call(
+            head_model,
+            lambda hidden, weight, bias: self._divergence(hidden, (weight, bias), head, inputs),
+            hidden_N_H,
+        )
+        self._record(step, figures, inputs)
+        # The per-token mean over this process's tokens, rescaled so that the average the data
+        # parallel wrapper takes over processes is the mean over every process's tokens.
+        return loss * token_share(hidden_N_H.shape[0], loss.device)
+
+    def _divergence(
+        self,
+        hidden_N_H: torch.Tensor,
+        head: tuple[torch.Tensor, torch.Tensor | None],
+        head_layer: torch.nn.Module,
+        inputs: dict[str, Any],
+    ) -> tuple[torch.Tensor, Figures]:
+        """The loss (mean over this process's supervised tokens) and the step's figures, from the
+        student's states at the completion positions and its head, whole: `head` its (weight,
+        bias), `head_layer` the module holding them for the call."""
         method = self.method
         mask_B_T = inputs["completion_mask"].bool()
-        hidden_B_T_H = student_states(model, inputs)
-        hidden_N_H = select_positions(hidden_B_T_H, mask_B_T)
-        weight, bias = output_head(head_model)
         if self.cross is not None:  # per byte group (cross_family.py); jsd is refused cross-family
-            loss, figures = group_divergence(method, self.cross.mode, (weight, bias), hidden_N_H, inputs)
-            self._record(step, figures, inputs)
-            return loss
+            return group_divergence(method, self.cross.mode, head, hidden_N_H, inputs)
         sampled_N = inputs["completion_ids"][mask_B_T]
         teacher_N = inputs["teacher_logps"][mask_B_T]
         topk: dict[str, Any] = {}
         if method.loss == "jsd":
             assert self.teacher_head is not None
-            head = getattr(head_model, "get_output_embeddings", lambda: None)()
-            assert isinstance(head, torch.nn.Module), "a causal LM's output head"
-            loss = losses.jsd_loss(
-                hidden_B_T_H, inputs["teacher_hidden"], head, self.teacher_head, mask_B_T, method.beta
+            teacher_N_H = select_positions(inputs["teacher_hidden"].to(mask_B_T.device), mask_B_T)
+            student_head, teacher_head = losses.shared_rows(head_layer, self.teacher_head)
+            loss = chunked_jsd(
+                hidden_N_H,
+                teacher_N_H.to(hidden_N_H.device, hidden_N_H.dtype),
+                student_head,
+                teacher_head,
+                method.beta,
             )
             with torch.no_grad():
-                logp_S_N = token_logprobs(hidden_N_H, weight, bias, sampled_N)
+                logp_S_N = token_logprobs(hidden_N_H, *head, sampled_N)
         elif method.loss == "forward_kl_topk":
-            loss, logp_S_N, topk = _topk_forward_kl(method, hidden_N_H, (weight, bias), inputs, mask_B_T)
+            loss, logp_S_N, topk = _topk_forward_kl(method, hidden_N_H, head, inputs, mask_B_T)
         else:
-            gathered, lse_N = head_gather(hidden_N_H, weight, bias, sampled_N[:, None])
+            gathered, lse_N = head_gather(hidden_N_H, *head, sampled_N[:, None])
             logp_S_N = gathered[:, 0] - lse_N
             per_token_N = losses.direct_kl_per_token(method.loss, logp_S_N, teacher_N)
             loss = per_token_N.sum() / max(per_token_N.numel(), 1)
         gap_N = teacher_N - logp_S_N.detach()
         adv_N = advantages(method, gap_N)
-        self._record(step, Figures(-gap_N, adv_N, clipped(method, gap_N), **topk), inputs)
-        return loss
+        return loss, Figures(-gap_N, adv_N, clipped(method, gap_N), **topk)
 
 
 def _topk_forward_kl(

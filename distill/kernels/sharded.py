@@ -1,0 +1,200 @@
+"""The chunked head and rank-local inference on a sharded student (FSDP2, DeepSpeed ZeRO-3).
+
+Outside a module's forward FSDP2 holds a shard of each weight (a DTensor) and ZeRO-3 holds none
+of it (a 0-element tensor), so the head's passes (heads.py) cannot read the weight as it is:
+
+* `head_call` hands a head pass the whole weight, gathered once for the pass (every chunk reads
+  that one copy, never one all-gather per chunk), with its gradient reduced like any layer's.
+  FSDP2: accelerate puts the final norm and the head (with the embedding, when tied) in one group
+  that stays unsharded from the model's forward until its backward, so the head's parameter is
+  whole when the loss runs; a group sharded by then is gathered (`unshard`), and FSDP2's
+  post-backward reduce-scatters what the pass accumulated into it. (Calling the head module a
+  second time instead crashed torch 2.13's grouped hooks on CPU.) ZeRO-3: the pass runs as the
+  head module's own forward, so DeepSpeed's hooks gather the weight for it, gather it again for
+  its backward and reduce its gradient. Tied embeddings need nothing more: the head's weight is
+  the embedding's parameter, gathered and reduced as one.
+* `full_weights` gathers every weight for a stretch of rank-local inference (rollouts, scoring
+  with the live student, rank 0's evaluation): a sharded forward is a collective, so every rank
+  would otherwise have to run the same number of forwards, in step. TRL gathers ZeRO-3 weights
+  for generation the same way (`ds3_gather_for_generation`).
+
+With one process or DDP both are plain calls: the parameters are whole on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any, TypeVar
+from weakref import WeakKeyDictionary
+
+import torch
+from torch import Tensor
+from torch.distributed.tensor import DTensor
+
+from distill.kernels.heads import head_module, output_head
+
+T = TypeVar("T")
+
+
+def _fsdp_modules(model: torch.nn.Module) -> list[Any]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def _zero3(model: torch.nn.Module) -> bool:
+    # DeepSpeed tags every parameter it partitions with an id.
+    return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+def sharding_of(model: torch.nn.Module) -> str | None:
+    """`fsdp` (FSDP2), `zero3`, or None (whole parameters: one process, DDP, a replicated teacher)."""
+    if _fsdp_modules(model):
+        return "fsdp"
+    return "zero3" if _zero3(model) else None
+
+
+def head_call(
+    model: torch.nn.Module, fn: Callable[[Tensor, Tensor, Tensor | None], T], hidden_N_H: Tensor
+) -> T:
+    """`fn(hidden_N_H, weight_V_H, bias_V)` with the model's output head whole (module docstring)."""
+    head = head_module(model)
+    kind = sharding_of(model)
+    if kind == "zero3":
+        return _zero3_head_call(model, head, fn, hidden_N_H)
+    if kind == "fsdp":
+        weight, _ = output_head(model)
+        if isinstance(weight, DTensor):
+            # The head's group is sharded: gather it (its post-backward reduces the gradient and
+            # reshards). accelerate's group of the head stays unsharded after the model's forward,
+            # so this is the no-op case in training.
+            owner: Any = next(m for m in (head, model) if m in _fsdp_modules(model))
+            owner.unshard()
+    weight, bias = output_head(model)  # refuses heads the chunked passes cannot reproduce
+    if isinstance(weight, DTensor):
+        raise RuntimeError(
+            "the output head holds a shard outside its forward (a DTensor); shard it with fully_shard"
+        )
+    return fn(hidden_N_H, weight, bias)
+
+
+def _zero3_head_call(
+    model: torch.nn.Module,
+    head: torch.nn.Module,
+    fn: Callable[[Tensor, Tensor, Tensor | None], T],
+    hidden_N_H: Tensor,
+) -> T:
+    """ZeRO-3 keeps no rows of the weight outside a forward: `fn` runs as the head module's forward."""
+    output_head(model)  # refuses heads the chunked passes cannot reproduce
+
+    def forward(hidden: Tensor) -> T:
+        weight, bias = output_head(model)
+        return fn(hidden, weight, bias)
+
+    head.forward = forward  # an instance attribute: nn.Module.__call__ runs it between the hooks
+    try:
+        out: T = head(hidden_N_H)
+    finally:
+        del head.forward
+    return out
+
+
+@contextmanager
+def full_weights(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Every weight of a sharded `model` whole on this rank for the block, the forwards inside it
+    rank-local (no collective); entering and leaving are collectives, so every rank enters. A
+    model with whole parameters is yielded as it is. Training resumes sharded after the block."""
+    kind = sharding_of(model)
+    if kind == "fsdp":
+        with _fsdp_whole(model):
+            yield model
+    elif kind == "zero3":
+        with _zero3_whole(model):
+            yield model
+    else:
+        yield model
+
+
+@contextmanager
+def _fsdp_whole(model: torch.nn.Module) -> Iterator[None]:
+    modules = _fsdp_modules(model)
+    states = [m._get_fsdp_state() for m in modules]
+    # Keep them unsharded through the block (torch's own recipe for evals): a forward would
+    # otherwise reshard after itself and all-gather again at the next one. The settings are put
+    # back as they were after it (accelerate keeps the head's group unsharded after a forward).
+    saved = [
+        (s._auto_reshard_after_forward, [g.post_forward_mesh_info for g in s._fsdp_param_groups])
+        for s in states
+    ]
+    for module in modules:
+        module.unshard()
+        module.set_reshard_after_forward(False, recurse=False)
+    # transformers' generate syncs every token over the processes (`synced_gpus`) for a model
+    # torch's FSDP manages: these forwards are local, and rank 0's evaluation generates alone.
+    managed = [m for m in model.modules() if getattr(m, "_is_fsdp_managed_module", False)]
+    for module in managed:
+        setattr(module, "_is_fsdp_managed_module", False)  # noqa: B010
+    try:
+        yield
+    finally:
+        for module in managed:
+            setattr(module, "_is_fsdp_managed_module", True)  # noqa: B010
+        for state, (auto, infos) in zip(states, saved, strict=True):
+            state._auto_reshard_after_forward = auto
+            for group, info in zip(state._fsdp_param_groups, infos, strict=True):
+                group.post_forward_mesh_info = info
+        for module in modules:
+            module.reshard()
+
+
+@contextmanager
+def _zero3_whole(model: torch.nn.Module) -> Iterator[None]:
+    import deepspeed
+    from trl.models.utils import add_hooks, remove_hooks
+
+    optimizer = _ZERO3_OPTIMIZERS.get(model)
+    with deepspeed.zero.GatheredParameters(list(model.parameters())):
+        if optimizer is None:  # before training: no hooks to lift
+            yield
+            return
+        # Lift the partition hooks (they would release each module's weights after its forward)
+        # as TRL does for generation, and the start-of-forward hook, whose trace check is a
+        # collective. TRL's helpers read `<engine>.optimizer.parameter_offload`.
+        engine, offload = SimpleNamespace(optimizer=optimizer), optimizer.parameter_offload
+        start = offload.module._forward_pre_hooks[offload.fwd_pre_hook.id]
+        offload.fwd_pre_hook.remove()
+        remove_hooks(engine)
+        try:
+            yield
+        finally:
+            add_hooks(engine)
+            offload.fwd_pre_hook = offload.module.register_forward_pre_hook(start, prepend=True)
+
+
+@contextmanager
+def whole_loading() -> Iterator[None]:
+    """Models loaded in the block load whole on this rank alone. Under ZeRO-3 transformers
+    partitions every model it loads while a DeepSpeed config is active (`zero.Init`, a collective
+    each rank must join): rank 0 alone loading the final checkpoint for its evaluation would wait
+    forever."""
+    import transformers.integrations.deepspeed as hf_deepspeed
+
+    ref = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = ref
+
+
+# model -> the ZeRO-3 optimizer partitioning it, whose hooks `full_weights` lifts for its block.
+_ZERO3_OPTIMIZERS: WeakKeyDictionary[torch.nn.Module, Any] = WeakKeyDictionary()
+
+
+def track_optimizer(model: torch.nn.Module, optimizer: Any) -> None:
+    """Remember the trainer's (accelerate-wrapped) optimizer of a ZeRO-3 `model` (a no-op otherwise)."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if sharding_of(model) == "zero3" and hasattr(inner, "parameter_offload"):
+        _ZERO3_OPTIMIZERS[model] = inner
