@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from distill import __version__, launch
 from distill.archive.manifest import build_manifest, check_same_start
-from distill.config import RunConfig, dump_config
+from distill.config import ConfigError, RunConfig, dump_config
 from distill.diagnose.findings import Severity
 from distill.diagnose.records import load_run
 from distill.diagnose.report import build_report
@@ -72,6 +72,10 @@ def execute(
     launch.init_distributed()
     if not launch.is_main_process():
         return train_worker(settings)
+    # A launch the config (or the checkpoint to resume) cannot train under: refused before anything
+    # is written, as `distill run --launcher` refuses it before starting the processes.
+    if reason := launch.refusal(launch.plan_here(), config, settings, resume):
+        raise ConfigError(reason)
     argv = list(argv if argv is not None else sys.argv)
     if resume is not None:
         run = RunDir.find(settings, resume)
@@ -129,6 +133,8 @@ def _execute(
         at = resume_from.name if resume_from else "the start"
         summary["resumes"] = [*summary.get("resumes", []), {"argv": argv, "at": _now(), "from": at}]
         say(f"resuming {run.name} from {at}")
+        if note := launch.resume_note(resume_from, launch.plan_here()):
+            say(note)
     else:
         assert config is not None
         summary = {"tracking_uri": resolve_tracking_uri(config, settings), "argv": argv}
