@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 # Tokens of the preceding run a decode is anchored on (vLLM's incremental detokenizer keeps 5).
 ANCHOR_TOKENS = 5
+# The most preceding tokens a decode reads: the anchor, moved back to a whole character's start.
+ANCHOR_SPAN = ANCHOR_TOKENS + 4
 # Texts a continuation is encoded after, their tokens then dropped: each ends in a different class
 # of character, so for any text one of them meets it at a token boundary (checked, not assumed).
 # A sentencepiece model has no merge across a newline (Mistral's is a byte-fallback piece).

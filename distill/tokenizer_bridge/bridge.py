@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
 
-from distill.tokenizer_bridge.anchor import decode_in_place, encode_after
+from distill.tokenizer_bridge.anchor import ANCHOR_SPAN, decode_in_place, encode_after
 from distill.tokenizer_bridge.anchor import encode_plain as encode_plain
 from distill.tokenizer_bridge.anchor import unicode_form as unicode_form
 
@@ -56,8 +56,8 @@ class Piece:
     # A special token the far side has no counterpart for: kept in the near side's pieces so the
     # loss shows (and is named) wherever pieces are compared, never sent across.
     dropped: bool = False
-    # Text read after an anchor reads differently alone (anchor.py): a sentencepiece `▁word` after
-    # a special token or another side's prefix keeps its space.
+    # This text, read after the tokens before it, reads differently alone (anchor.py): a
+    # sentencepiece `▁word` after a special token or the prefix keeps its space.
     anchored: bool = field(default=False, compare=False)
 
 
@@ -139,6 +139,7 @@ def pieces(
     ids that precede `ids`, e.g. the student's prefix before a continuation) and, for a run after
     a special token, that token."""
     specials = special_tokens(tokenizer) if specials is None else specials
+    before = before[-ANCHOR_SPAN:] if before else ()
     seq = [*before, *ids]
     offset = len(before)
     out: list[Piece] = []
@@ -146,7 +147,9 @@ def pieces(
 
     def flush(end: int) -> None:
         if end > start:
-            text, anchored = decode_in_place(tokenizer, seq[start:end], seq[:start])
+            text, anchored = decode_in_place(
+                tokenizer, seq[start:end], seq[max(0, start - ANCHOR_SPAN) : start]
+            )
             if out and not out[-1].special:
                 out[-1] = Piece(out[-1].text + text, False, anchored=out[-1].anchored or anchored)
             elif text:
@@ -292,7 +295,7 @@ class TokenizerBridge:
                 renamed.append(Piece(name, True))
             else:
                 # Written in place: after the far side's prefix and what this conversion wrote.
-                encoded = encode_after(dst[0], piece.text, [*far_before, *out])
+                encoded = encode_after(dst[0], piece.text, [*far_before[-ANCHOR_SPAN:], *out][-ANCHOR_SPAN:])
                 out.extend(encoded.ids)
                 anchored = anchored or piece.anchored or encoded.anchored
                 renamed.append(piece)
