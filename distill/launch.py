@@ -258,7 +258,10 @@ def launch_refusal(config: Any, plan: Plan) -> str | None:
     """Why `config` cannot train as `plan` says (one line naming the fields), or None. Checked
     before the run exists, in the `distill run` that starts the launcher and again in rank 0."""
     if plan.strategy in ("zero3", "deepspeed") and not _installed("deepspeed"):
-        return "the accelerate config asks for DeepSpeed, which is not installed: pip install deepspeed"
+        return (
+            "the accelerate config asks for DeepSpeed, which is not installed: "
+            "pip install 'distill[sharded]' (deepspeed)"
+        )
     if plan.strategy == "fsdp1":
         return "fsdp_config.fsdp_version=1: distill shards the student with FSDP2; set fsdp_version: 2"
     if plan.sharded and config.lora.enabled:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,10 @@ import pytest
 from distill import launch
 
 ACCELERATE_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
+DEEPSPEED_MISSING = (
+    "the accelerate config asks for DeepSpeed, which is not installed: "
+    "pip install 'distill[sharded]' (deepspeed)"
+)
 
 
 def test_launcher_flags_are_stripped_in_both_spellings() -> None:
@@ -142,10 +147,13 @@ def test_launch_refusals_name_the_fields(tmp_path: Path) -> None:
 
     fsdp, zero3 = launch.Plan("fsdp", 2), launch.Plan("zero3", 2)
     opd = resolve_config("rlve", "opd", None, ["rollout.prompts_per_step=4"])
+    # ZeRO-3 needs DeepSpeed (distill[sharded], in `dev`): where it is missing, that one line.
+    no_deepspeed = None if importlib.util.find_spec("deepspeed") else DEEPSPEED_MISSING
     # Every loss of the family trains sharded (no refusal left for forward_kl_topk, jsd, k1, k3).
     for loss in ("forward_kl_topk", "jsd", "k1", "k3", "token_reward_direct"):
         cfg = resolve_config("rlve", "opd", None, [f"method.loss={loss}"])
-        assert launch.launch_refusal(cfg, fsdp) is None and launch.launch_refusal(cfg, zero3) is None
+        assert launch.launch_refusal(cfg, fsdp) is None
+        assert launch.launch_refusal(cfg, zero3) == no_deepspeed
     odd = resolve_config("rlve", "opd", None, ["rollout.prompts_per_step=3"])
     assert (
         launch.launch_refusal(odd, fsdp)
@@ -154,12 +162,22 @@ def test_launch_refusals_name_the_fields(tmp_path: Path) -> None:
     sft = resolve_config("rlve", "sft", None, ["optim.batch_size=5"])
     assert "optim.batch_size=5 is not divisible" in str(launch.launch_refusal(sft, fsdp))
     lora = resolve_config("rlve", "sft", None, ["lora.enabled=true"])
-    assert "lora.enabled=true" in str(launch.launch_refusal(lora, zero3))
+    assert "lora.enabled=true" in str(launch.launch_refusal(lora, fsdp))
     assert launch.launch_refusal(lora, launch.Plan("ddp", 2)) is None
     assert "fsdp_version=1" in str(launch.launch_refusal(opd, launch.Plan("fsdp1", 2)))
     shard = resolve_config("rlve", "opd", None, ["teacher.shard=true"])
     assert "teacher.shard=true" in str(launch.launch_refusal(shard, launch.Plan("ddp", 2)))
     assert launch.launch_refusal(shard, fsdp) is None
+
+
+def test_zero3_without_deepspeed_is_refused_naming_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    from distill.config import resolve_config
+
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # not importable, installed or not
+    cfg = resolve_config("rlve", "opd", None, [])
+    assert launch.launch_refusal(cfg, launch.Plan("zero3", 2)) == DEEPSPEED_MISSING
+    assert launch.launch_refusal(cfg, launch.Plan("deepspeed", 2)) == DEEPSPEED_MISSING
+    assert launch.launch_refusal(cfg, launch.Plan("fsdp", 2)) is None
 
 
 def test_resuming_under_another_launch(tmp_path: Path) -> None:
