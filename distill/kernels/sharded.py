@@ -173,6 +173,51 @@ def _zero3_whole(model: torch.nn.Module) -> Iterator[None]:
             offload.fwd_pre_hook = offload.module.register_forward_pre_hook(start, prepend=True)
 
 
+def local_shard(param: Tensor) -> Tensor:
+    """This rank's part of a parameter: FSDP2's local rows of its DTensor, ZeRO-3's flat
+    partition (`ds_tensor`), the parameter itself when it is whole."""
+    if isinstance(param, DTensor):
+        return param.to_local()
+    partition = getattr(param, "ds_tensor", None)
+    return param if partition is None else partition
+
+
+def shard_of(whole: Tensor, param: Tensor) -> Tensor:
+    """The part of `whole` (a tensor of `param`'s full shape) this rank holds of `param`."""
+    import torch.distributed as dist
+
+    if isinstance(param, DTensor):  # FSDP2: dim 0 in torch.chunk's pieces, one per rank
+        part = whole.chunk(dist.get_world_size(), dim=0)[dist.get_rank()]
+        if part.shape != param.to_local().shape:
+            raise RuntimeError(
+                f"unexpected FSDP2 shard {tuple(param.to_local().shape)} of {tuple(whole.shape)}"
+            )
+        return part
+    partition = getattr(param, "ds_tensor", None)
+    if partition is None:
+        return whole
+    size = partition.numel()  # ZeRO-3: the flat tensor, padded, in equal consecutive partitions
+    start = dist.get_rank() * size
+    part = torch.zeros(size, dtype=whole.dtype, device=whole.device)
+    flat = whole.reshape(-1)[start : start + size]
+    part[: flat.numel()] = flat
+    return part
+
+
+def gather_shards(part: Tensor, param: Tensor) -> Tensor:
+    """The whole tensor of `param`'s full shape from every rank's `part` (a collective)."""
+    import torch.distributed as dist
+
+    if isinstance(param, DTensor):
+        return DTensor.from_local(part, param.device_mesh, param.placements, run_check=False).full_tensor()
+    if getattr(param, "ds_tensor", None) is None:
+        return part
+    out = torch.empty(part.numel() * dist.get_world_size(), dtype=part.dtype, device=part.device)
+    dist.all_gather_into_tensor(out, part.contiguous())
+    shape: Any = getattr(param, "ds_shape")  # noqa: B009  (DeepSpeed's attribute, not torch's)
+    return out[: int(getattr(param, "ds_numel"))].view(shape)  # noqa: B009
+
+
 @contextmanager
 def whole_loading() -> Iterator[None]:
     """Models loaded in the block load whole on this rank alone. Under ZeRO-3 transformers

@@ -45,8 +45,10 @@ from distill.episodes.episode import frame_for
 from distill.episodes.play import EngineAgent, Policy, handover, play, single
 from distill.episodes.protocol import as_episodic
 from distill.kernels import losses
-from distill.kernels.heads import head_gather, head_gather_topk, output_head, select_positions
+from distill.kernels.heads import head_gather, head_gather_topk, select_positions
+from distill.kernels.sharded import full_weights, head_call
 from distill.kernels.states import decoder_states
+from distill.launch import token_share
 from distill.methods.budget import teacher_turns
 from distill.methods.callbacks import DistillCallback
 from distill.methods.online import CECallback, OnlineTrainer, run_online
@@ -116,19 +118,25 @@ def seeded_play(ctx: RunContext, engine: HFEngine, items: list[Any], seed: int) 
         return play_batch(ctx, engine, items, random.Random(seed))
 
 
-def opd_loss(
-    model: Any, ctx: RunContext, episodes: list[Episode], coef: float, clip: float | None
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """OPD over the student's turns of whole episodes: `method.loss` token_reward_direct
-    (sampled-token advantages, on-policy so the ratio is 1) or forward_kl_topk. The teacher scores
-    the same ids (an engine call: a served teacher works too); the student's head is applied per
-    chunk of its turn positions (kernels/heads.py)."""
+def scored_rows(ctx: RunContext, episodes: list[Episode]) -> tuple[list[Episode], TokenScores]:
+    """The episodes OPD trains on (a student turn, not failed) and the teacher's scores of them
+    (an engine call: a served teacher works too)."""
     rows = [ep for ep in episodes if not ep.failed and any(ep.mask({"student"}))]
     if not rows:
         raise ValueError(f"{ctx.config.method.name}: no episode of this step has a student turn to train on")
     method = ctx.method_as(OnPolicyKL)
+    return rows, _teacher_scores(ctx, rows, method.top_k if method.loss == "forward_kl_topk" else 0)
+
+
+def opd_loss(
+    model: Any, ctx: RunContext, rows: list[Episode], teacher: TokenScores, coef: float, clip: float | None
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """OPD over the student's turns of whole episodes (`scored_rows`): `method.loss`
+    token_reward_direct (sampled-token advantages, on-policy so the ratio is 1) or forward_kl_topk.
+    The teacher scored the same ids; the student's head is applied per chunk of its turn
+    positions (kernels/heads.py)."""
+    method = ctx.method_as(OnPolicyKL)
     top_k = method.top_k if method.loss == "forward_kl_topk" else 0
-    teacher = _teacher_scores(ctx, rows, top_k)
     pad = int(ctx.student.tokenizer.pad_token_id)
     ids_B_L, attn_B_L = right_pad([ep.ids for ep in rows], pad)
     device = ctx.student.model.device
@@ -138,30 +146,38 @@ def opd_loss(
     hidden_N_H = select_positions(decoder_states(model, ids_B_L, attn_B_L)[:, :-1], turns_B_T)
     targets_N = ids_B_L[:, 1:][turns_B_T]
     teacher = teacher.widened(turns_B_T.shape[1]).to(device)
-    weight, bias = output_head(model)
-    if top_k:
-        teacher_ids_N_K, teacher_logps_N_K = (t[turns_B_T] for t in teacher.topk())
-        gathered_N_K, lse_N, student_ids_N_K, _ = head_gather_topk(
-            hidden_N_H, weight, bias, torch.cat([targets_N[:, None], teacher_ids_N_K], 1), top_k
-        )
-    else:
-        gathered_N_K, lse_N = head_gather(hidden_N_H, weight, bias, targets_N[:, None])
+    # Several processes: each one's token mean, rescaled so that their average is the mean over
+    # all of their tokens (launch.token_share).
+    share = token_share(hidden_N_H.shape[0], device)
+    teacher_ids_N_K, teacher_logps_N_K = (t[turns_B_T] for t in teacher.topk()) if top_k else (None, None)
+
+    def head_pass(
+        h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> tuple[torch.Tensor, ...]:
+        if teacher_ids_N_K is None:
+            return head_gather(h, weight, bias, targets_N[:, None])
+        return head_gather_topk(h, weight, bias, torch.cat([targets_N[:, None], teacher_ids_N_K], 1), top_k)[
+            :3
+        ]
+
+    # The head whole for the pass, gathered once when the student is sharded (kernels/sharded.py).
+    gathered_N_K, lse_N, *own = head_call(model, head_pass, hidden_N_H)
     logp_S_N = gathered_N_K[:, 0] - lse_N
     gap_N = teacher.logprobs_B_T[turns_B_T] - logp_S_N.detach()
-    if top_k:
+    if teacher_ids_N_K is not None and teacher_logps_N_K is not None:
         logq_N_K = gathered_N_K[:, 1:] - lse_N[:, None]
         kl_N = losses.topk_forward_kl_per_token(logq_N_K, teacher_logps_N_K, method.topk_tail)
         with torch.no_grad():
             figures = {
-                "kl/topk_overlap": losses.topk_overlap(student_ids_N_K, teacher_ids_N_K),
+                "kl/topk_overlap": losses.topk_overlap(own[0], teacher_ids_N_K),
                 "kl/student_topk_mass": float(logq_N_K.exp().sum(-1).mean()) if len(logq_N_K) else 0.0,
                 "kl/teacher_topk_mass": float(teacher_logps_N_K.exp().sum(-1).mean())
                 if len(teacher_logps_N_K)
                 else 0.0,
             }
-        return kl_N.mean(), {**kl_stats(-gap_N), **figures}
+        return kl_N.mean() * share, {**kl_stats(-gap_N), **figures}
     adv_N = coef * gap_N if clip is None else (coef * gap_N).clamp(-clip, clip)
-    loss = -(adv_N * logp_S_N).sum() / max(logp_S_N.numel(), 1)
+    loss = -(adv_N * logp_S_N).sum() / max(logp_S_N.numel(), 1) * share
     stats = kl_stats(-gap_N, coef * gap_N.mean())
     if clip is not None:
         stats["kl/clip_share"] = float(((coef * gap_N).abs() > clip).float().mean()) if len(gap_N) else 0.0
@@ -219,16 +235,20 @@ class EpisodeTrainer(OnlineTrainer):
         t0 = time.perf_counter()
         was_training = engine.model.training
         engine.model.eval()
-        episodes = seeded_play(ctx, engine, items, micro_batch_seed(cfg.seed, step, self.micro.index))
+        # A sharded student is whole on every rank for its episodes and the scores it gives
+        # itself (OPSD's live teacher): each rank's forwards are its own (kernels/sharded.py).
+        with full_weights(engine.model):
+            episodes = seeded_play(ctx, engine, items, micro_batch_seed(cfg.seed, step, self.micro.index))
+            scored = None if isinstance(cfg.method, ROSEMethod) else scored_rows(ctx, episodes)
         if was_training:
             engine.model.train()
         t1 = time.perf_counter()
-        if isinstance(cfg.method, ROSEMethod):
+        if scored is None:
             loss = self._rose_loss(model, episodes)
         else:
             model.train()
             method = ctx.method_as(OnPolicyKL)
-            raw, extra = opd_loss(model, ctx, episodes, method.coef, method.advantage_clip)
+            raw, extra = opd_loss(model, ctx, *scored, method.coef, method.advantage_clip)
             self.accelerator.backward(raw / self.args.gradient_accumulation_steps)
             loss = raw.detach()
             ctx.log.add(extra)

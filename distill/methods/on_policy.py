@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -120,14 +121,20 @@ class OnPolicyTrainer(GRPOTrainer):
         self.direct = method.loss == "token_reward_direct"
         # token_reward_direct: the batch whose advantages the next logps forward fills in.
         self._advantage_inputs: dict[str, Any] | None = None
+        # The run's first batch (this process's): preflight checks it with the student's own scores.
+        self._first_batch = True
         super().__init__(**kwargs)
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        # A sharded student is whole on every rank for the rollouts and the scores it gives itself
-        # (preflight, OPSD's live teacher): each rank's forwards are then its own, never collectives
-        # every rank would have to run in step (kernels/sharded.py).
+        # A sharded student is whole on every rank for the stretch in which it runs forwards of its
+        # own (hf rollouts, the first batch's preflight self-score, OPSD's live teacher): each
+        # rank's forwards are then its own, never collectives every rank would have to run in step
+        # (kernels/sharded.py). vLLM rollouts scored by another model need no copy of it.
         assert self.model is not None
-        with full_weights(self.model):
+        first, self._first_batch = self._first_batch, False
+        own = self.ctx.config.rollout.engine == "hf" or (first and self.ctx.config.preflight)
+        own = own or any(side.engine is self.ctx.student for side in self.batches.teachers.values())
+        with full_weights(self.model) if own else nullcontext(self.model):
             return self._batch(inputs)
 
     def _batch(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:

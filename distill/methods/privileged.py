@@ -16,6 +16,7 @@ from safetensors.torch import load_model, save_model
 from transformers import TrainerCallback
 
 from distill.config import OPSDMethod
+from distill.kernels.sharded import gather_shards, local_shard, shard_of, sharding_of
 
 if TYPE_CHECKING:
     from distill.methods.context import RunContext
@@ -28,15 +29,36 @@ EMA_FILE = "ema_teacher.safetensors"
 class EMATeacher(TrainerCallback):
     """After every optimizer step: teacher <- decay * teacher + (1 - decay) * student. The teacher
     is saved with every checkpoint and restored on resume (`restore`): without it a resumed run
-    would average from the step-0 weights again and train against another teacher."""
+    would average from the step-0 weights again and train against another teacher.
+
+    A sharded student (FSDP2, ZeRO-3) keeps the average shard by shard: each rank updates the part
+    of every weight it holds of the student, never the whole; the teacher that scores (whole on
+    every rank, inference only) is then assembled from the ranks' parts. Element by element the
+    arithmetic is one process's, so the teacher is the same bits."""
 
     def __init__(self, teacher: torch.nn.Module, student: torch.nn.Module, decay: float) -> None:
         self.teacher, self.student, self.decay = teacher, student, decay
+        self._parts: list[torch.Tensor] | None = None  # this rank's shards of the average
+
+    def _pairs(self) -> list[tuple[torch.nn.Parameter, torch.nn.Parameter]]:
+        return list(zip(self.teacher.parameters(), self.student.parameters(), strict=True))
+
+    @torch.no_grad()
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        # The trainer has sharded the student by now; the average starts from the teacher's weights
+        # (step 0's, or the resumed checkpoint's).
+        if sharding_of(self.student) is not None:
+            self._parts = [shard_of(t.detach(), s).clone() for t, s in self._pairs()]
 
     @torch.no_grad()
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        for t, s in zip(self.teacher.parameters(), self.student.parameters(), strict=True):
-            t.mul_(self.decay).add_(s.detach().to(t.dtype), alpha=1 - self.decay)
+        if self._parts is None:
+            for t, s in self._pairs():
+                t.mul_(self.decay).add_(s.detach().to(t.dtype), alpha=1 - self.decay)
+        else:
+            for part, (t, s) in zip(self._parts, self._pairs(), strict=True):
+                part.mul_(self.decay).add_(local_shard(s).detach().to(part.dtype), alpha=1 - self.decay)
+                t.copy_(gather_shards(part, s))
         if control.should_save and state.is_world_process_zero:
             # Into the `checkpoint-N` folder the Trainer writes this step's checkpoint to, before
             # it does: DistillCallback renames it to `step-N` (the commit point) only once the

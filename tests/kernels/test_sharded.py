@@ -46,6 +46,10 @@ def test_sharded_head_trains_like_one_process(tmp_path: Path, tiny_zoo, config: 
         assert got[case]["grad_diff"] < 1e-6, got
     assert got["rank0_alone_logits_diff"] < 1e-6, got
     assert got["trained_after"] is True
+    # Every weight's part on each rank is its rows of the whole (local_shard == shard_of), and
+    # the parts gather back to the whole, bit for bit (what OPSD's sharded EMA teacher relies on).
+    assert got["shard_of_diff"] == 0.0 and got["gathered_diff"] == 0.0, got
+    assert got["parts_smaller"] is True, got
 
 
 def _worker(student: str, out: str) -> None:
@@ -95,6 +99,7 @@ def _worker(student: str, out: str) -> None:
         return {name: p.grad.full_tensor().clone() for name, p in module.named_parameters()}
 
     result: dict = {"sharded": sharding_of(module), "vocab": reference.config.vocab_size}
+    result.update(_shard_round_trip(module, reference))
     head_weight = module.get_output_embeddings().weight
     result["head_rows_outside_forward"] = int(
         head_weight.to_local().shape[0] if hasattr(head_weight, "to_local") else head_weight.shape[0]
@@ -134,6 +139,22 @@ def _worker(student: str, out: str) -> None:
     result["trained_after"] = bool(torch.isfinite(loss).item())
     if rank == 0:
         Path(out).write_text(json.dumps(result))
+
+
+def _shard_round_trip(module, reference) -> dict:
+    import torch
+
+    from distill.kernels.sharded import gather_shards, local_shard, shard_of
+
+    whole = dict(reference.named_parameters())
+    own, back, smaller = 0.0, 0.0, True
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            part = shard_of(whole[name], param)
+            own = max(own, float((local_shard(param).reshape(part.shape) - part).abs().max()))
+            back = max(back, float((gather_shards(part, param) - whole[name]).abs().max()))
+            smaller = smaller and local_shard(param).numel() < whole[name].numel()
+    return {"shard_of_diff": own, "gathered_diff": back, "parts_smaller": smaller}
 
 
 def _ref_logprobs(reference, ids_B_L):
