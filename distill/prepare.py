@@ -28,7 +28,7 @@ from distill.methods.preflight import REFERENCE_MAX_BYTES, preflight_report
 from distill.settings import get_settings
 from distill.zoo import PREFIX as ZOO
 from distill.zoo import resolve_model
-from distill.zoo.check import check_models
+from distill.zoo.check import build_inputs, check_models
 
 if TYPE_CHECKING:
     from distill.config import ModelConfig, RunConfig
@@ -286,13 +286,13 @@ def preflight(
 ) -> str | None:
     """Template / thinking / self-score checks for on-policy methods, each domain's teacher on its
     own domain's prompts; raises PreflightError. A run keeps the report, passed or failed, in
-    `preflight.json` (what diagnose reads; the last domain's when all pass)."""
+    `preflight.json` (what diagnose reads; each domain's under `parts.<domain>`)."""
     texts: list[str] = []
     pairs = each_teacher(config, domain, teacher, teachers)
     for part, cfg, sub, engine in pairs:
         served = cfg.teacher.engine == "server"
         reference = (lambda c=cfg, e=engine: local_reference(c, e)) if served else None
-        report = preflight_report(cfg, sub, student, engine, run, reference)
+        report = preflight_report(cfg, sub, student, engine, run, reference, part if len(pairs) > 1 else None)
         if report is None:
             continue
         texts.append(report.render())
@@ -314,6 +314,7 @@ def local_reference(config: RunConfig, teacher: Engine) -> Engine | None:
 def preflight_only(config: RunConfig, settings: Settings, say: Say) -> str:
     """`distill run --preflight`: load the pair, run the checks, train nothing, write nothing."""
     check_models(config)  # a model or template that cannot load fails in one line, first
+    build_inputs(config, settings)  # items and zoo models, in one line when they cannot be made
     check_pair(config, settings)
     if note := device_note(config):
         say(note)

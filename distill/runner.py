@@ -40,7 +40,7 @@ from distill.tracking.record import log_record, open_run_tracker
 from distill.tracking.record import repair_runs as repair
 from distill.tracking.rundir import RunDir, new_run_id, resolve_tracking_uri, step_of
 from distill.tracking.steplog import SilentLog, StepLog
-from distill.zoo.check import check_models
+from distill.zoo.check import build_inputs, check_models
 
 if TYPE_CHECKING:
     from distill.domains.base import Domain
@@ -92,6 +92,7 @@ def execute(
         check_models(config)  # a typo'd model fails in a second, not after a run dir exists
         check_pair(config, settings)  # a pair whose tokenizers the method cannot cross, too
         model_devices(config)  # and a device the machine lacks
+        build_inputs(config, settings)  # items and zoo models: a failure there is the input's
         run = RunDir.create(
             settings.runs_dir, config.tracking.run_name or new_run_id(config.domain.name, config.method.name)
         )

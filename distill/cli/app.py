@@ -84,7 +84,7 @@ def run(
         int | None, typer.Option("--num-processes", help="training processes (with --launcher accelerate)")
     ] = None,
 ) -> None:
-    from distill.config import ConfigError, resolve_config
+    from distill.config import ConfigError
     from distill.settings import get_settings
 
     settings = get_settings()
@@ -94,14 +94,7 @@ def run(
         raise fail(str(exc)) from None
     if resume is not None and (domain or method or config or overrides):
         raise fail("--resume takes the run's saved config; drop the other options")
-    try:
-        cfg = resolve_config(domain, method, config, overrides) if resume is None else None
-        if cfg is not None:
-            from distill.engines.compat import check_config
-
-            check_config(cfg)
-    except ConfigError as exc:
-        raise fail(str(exc)) from None
+    cfg = None if resume is not None else _new_config(domain, method, config, overrides)
     if resume is not None and _finished(settings, resume):
         return
     if launcher is not None or accelerate_config is not None or num_processes is not None:
@@ -162,6 +155,21 @@ def model_overrides(student: str | None, teachers: list[str]) -> list[str]:
             "--teacher: two teachers without a domain; name one, or DOMAIN=MODEL for each domain"
         )
     return out
+
+
+def _new_config(
+    domain: str | None, method: str | None, config: Path | None, overrides: list[str]
+) -> RunConfig:
+    """The run's config, checked against what its engines can do: one line, exit 2, otherwise."""
+    from distill.config import ConfigError, resolve_config
+    from distill.engines.compat import check_config
+
+    try:
+        cfg = resolve_config(domain, method, config, overrides)
+        check_config(cfg)
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
+    return cfg
 
 
 def _preflight_only(cfg: RunConfig | None, settings: Settings) -> None:

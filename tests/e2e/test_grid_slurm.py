@@ -77,6 +77,7 @@ def test_a_grid_on_slurm_ends_with_the_local_grids_table(
     slurm_cluster: None, server: MlflowServer, tiny_zoo, tmp_path: Path
 ) -> None:
     grid = ["grid", "--domain", "rlve", "--method", "sft,opd", "--seeds", "2", *_grid_overrides(tiny_zoo)]
+    grid.append("eval.every_steps=3")
     local_ws, ws = tmp_path / "local", tmp_path / "slurm"
     # The local executor's grid, alongside (its own workspace and embedded store).
     local = subprocess.Popen(
@@ -98,16 +99,32 @@ def test_a_grid_on_slurm_ends_with_the_local_grids_table(
         assert f"{cell}: job {ids[cell]}, starting S-{cell.replace('/', '-')}" in submitted.stdout
 
     runs = ws / "runs"
+    # The array's tasks start in SLURM's order, not the test's, and a tiny cell runs its 6 steps in
+    # about a second: one loop watches every cell and acts on the first it finds in each state.
     # As at its time limit (SLURM's `--signal`, which submitit's own `_interrupt` sends the same
-    # way): rlve/sft/s1 as soon as its run exists; it checkpoints at its next step boundary.
-    _until("rlve/sft/s1 to start", lambda: (runs / "S-rlve-sft-s1" / "summary.json").exists())
-    first_step = time.time() - began
-    # (SLURM 22.05's scancel may answer "Job can not be altered now" for an array task it did signal.)
-    subprocess.run(["scancel", "--signal=USR2", ids["rlve/sft/s1"]], capture_output=True, timeout=120)
-    # rlve/opd/s0 cancelled past its step-2 checkpoint, before its end.
-    opd = runs / "S-rlve-opd-s0"
-    _until("rlve/opd/s0 at step 3", lambda: any(s >= 3 for s in _train_steps(opd)), every=0.02)
-    subprocess.run(["scancel", ids["rlve/opd/s0"]], check=True)
+    # way): the first cell whose run exists, still in its step-0 evals; it checkpoints at its next
+    # step boundary and is requeued. Cancelled: another cell past its step-2 checkpoint, during its
+    # step-3 eval (eval.every_steps=3 holds it there a moment), before its end.
+    requeued = cancelled = ""
+    first_step = 0.0
+
+    def act() -> bool:
+        nonlocal requeued, cancelled, first_step
+        for cell in CELLS:
+            run = runs / f"S-{cell.replace('/', '-')}"
+            steps = _train_steps(run)
+            if not requeued and (run / "summary.json").exists() and not steps:
+                requeued, first_step = cell, time.time() - began
+                # (SLURM 22.05's scancel may answer "Job can not be altered now" for an array task
+                # it did signal.)
+                subprocess.Popen(["scancel", "--signal=USR2", ids[cell]], stderr=subprocess.DEVNULL)
+            elif not cancelled and cell != requeued and steps and 3 <= max(steps) < 6:
+                cancelled = cell
+                subprocess.run(["scancel", ids[cell]], check=True)
+        return bool(requeued and cancelled)
+
+    _until("a cell to requeue and one to cancel", act, every=0.02)
+    finished = [c for c in CELLS if c not in (requeued, cancelled)]
 
     waited = _distill(["grid", "status", "S", "--wait"], env)
     assert waited.returncode == 1, waited.stdout[-3000:]  # one cell did not finish
@@ -115,24 +132,25 @@ def test_a_grid_on_slurm_ends_with_the_local_grids_table(
     final = {
         line.split(":")[0].strip(): line for line in waited.stdout.splitlines() if line.startswith("  rlve/")
     }
-    assert f"job {ids['rlve/opd/s0']} CANCELLED, run DIED step " in final["rlve/opd/s0"], final
-    for cell in ("rlve/sft/s0", "rlve/sft/s1", "rlve/opd/s1"):
+    assert f"job {ids[cancelled]} CANCELLED, run DIED step " in final[cancelled], final
+    for cell in (*finished, requeued):
         assert f"job {ids[cell]} COMPLETED, run FINISHED step 6/6" in final[cell], final
-    requeued = (ws / "grids" / "S" / "logs" / "S-rlve-sft-s1.log").read_text()
-    assert requeued.count(f"job {ids['rlve/sft/s1']} on ") == 2, requeued[-3000:]  # the same job, requeued
-    assert "(time limit or preemption): run exited 130; requeued" in requeued
-    assert "resuming S-rlve-sft-s1 from step-" in requeued
+    name = {cell: f"S-{cell.replace('/', '-')}" for cell in CELLS}
+    log_of = {cell: (ws / "grids" / "S" / "logs" / f"{name[cell]}.log") for cell in CELLS}
+    requeue_log = log_of[requeued].read_text()
+    assert requeue_log.count(f"job {ids[requeued]} on ") == 2, requeue_log[-3000:]  # the same job, requeued
+    assert "(time limit or preemption): run exited 130; requeued" in requeue_log
+    assert f"resuming {name[requeued]} from step-" in requeue_log
 
     resumed_at = time.time()
     again = _distill(["grid", "--resume", "S", "--wait"], env)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "grid S: 1 of 4 cells to submit" in again.stdout
-    for cell in ("rlve/sft/s0", "rlve/sft/s1", "rlve/opd/s1"):
+    for cell in (*finished, requeued):
         assert f"grid {cell}: FINISHED, kept" in again.stdout
-    assert "rlve/opd/s0: job " in again.stdout and "resuming (DIED, step " in again.stdout
-    log = (ws / "grids" / "S" / "logs" / "S-rlve-opd-s0.log").read_text()
-    assert "resuming S-rlve-opd-s0 from step-" in log
-    assert _train_steps(opd) == [1, 2, 3, 4, 5, 6]  # no step twice
+    assert f"{cancelled}: job " in again.stdout and "resuming (DIED, step " in again.stdout
+    assert f"resuming {name[cancelled]} from step-" in log_of[cancelled].read_text()
+    assert _train_steps(runs / name[cancelled]) == [1, 2, 3, 4, 5, 6]  # no step twice
     resubmitted = time.time() - resumed_at
 
     assert local.wait(timeout=900) == 0, local.stdout.read()[-3000:] if local.stdout else ""
