@@ -36,10 +36,10 @@ def test_async_teachers_are_loaded_once_each_in_its_own_worker(tiny_zoo: Any) ->
     """rollout.async_teacher: each hf teacher's engine is its worker process (the weights there and
     nowhere else), one worker a teacher; without it, each teacher is loaded in this process."""
     config = _two_teachers(tiny_zoo, "rollout.async_teacher=true", "threads=1")
-    assert prepare.worker_slots(config) == {"rlve": (0, 2), "dapo": (1, 2)}
     teachers = prepare.load_teachers(config, get_settings())
     try:
         assert all(isinstance(engine, WorkerEngine) for engine in teachers.values())
+        assert prepare.worker_slots(config) == {"rlve": (0, 2), "dapo": (1, 2)}
         assert teachers["rlve"] is not teachers["dapo"]
         assert teachers["rlve"].describe()["path"] == str(tiny_zoo.teacher)
         assert teachers["dapo"].describe()["class"] == "LlamaForCausalLM"

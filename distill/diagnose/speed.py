@@ -1,8 +1,10 @@
 """Rules over where a step's time goes: the teacher (hidden or not) and the tracking store.
 
-`perf/teacher_time_s` is the teacher's own time for the trained batch; with
-`rollout.async_teacher`, `perf/overlap_s` is the part of it hidden behind the student's generation
-and training, and `perf/teacher_wait_s` what the step still waited (methods/async_teacher.py).
+`perf/teacher_time_s` is the teachers' own time for the trained batch (several teachers: their sum
+when they score in turn; with `rollout.async_teacher`, where they score side by side, the slowest
+teacher's sum over its domains); with `rollout.async_teacher`, `perf/overlap_s` is the part of it
+hidden behind the student's generation and training, and `perf/teacher_wait_s` what the step still
+waited (methods/async_teacher.py). The hidden share is their sums' ratio.
 """
 
 from __future__ import annotations

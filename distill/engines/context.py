@@ -5,7 +5,8 @@ engines so nothing runs past the context deep in attention:
 
 - prompt + budget within the context: nothing to do;
 - a budget beyond the room a prompt leaves: the response is **capped** at the room (context minus
-  the longest prompt of its batch), with one warning line naming the setting and how many of the
+  the prompt: each prompt its own on the hf engine, `hf.budget_groups`; the longest prompt's for a
+  served model's whole request), with one warning line naming the setting and how many of the
   prompts it caps; a capped response is a truncation like any other (ended without EOS);
 - a prompt that alone fills the context: a one-line **error** naming the setting and the model's
   context, before anything runs.

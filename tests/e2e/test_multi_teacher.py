@@ -1,0 +1,77 @@
+"""`distill run --domain rlve,dapo` with a teacher per domain, one of another family, each scoring
+in its own worker process (rollout.async_teacher): the run's record holds each domain's figures
+and each teacher where it ran."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.test_run import _distill, _only_run
+
+pytestmark = pytest.mark.integration
+
+
+def test_two_domains_two_teachers_one_of_another_family(tmp_path: Path, tiny_zoo: Any) -> None:
+    ws = tmp_path / "ws"
+    args = [
+        "run",
+        "--domain",
+        "rlve,dapo",
+        "--method",
+        "opd",
+        "--student",
+        str(tiny_zoo.student),
+        "--teacher",
+        f"rlve={tiny_zoo.teacher}",
+        "--teacher",
+        f"dapo={tiny_zoo.teacher_llama}",
+        "domain.train_size=16",
+        "domain.parts.rlve.train_size=8",
+        "domain.parts.dapo.train_size=8",
+        "domain.parts.rlve.eval_size=4",
+        "domain.parts.dapo.eval_size=4",
+        "optim.max_steps=2",
+        "checkpoint.every_steps=0",
+        "rollout.prompts_per_step=2",
+        "rollout.num_generations=2",
+        "rollout.max_new_tokens=12",
+        "rollout.async_teacher=true",
+        "method.top_k=4",
+        "eval.max_new_tokens=8",
+        "threads=1",
+    ]
+    proc = _distill(args, ws, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = _only_run(ws)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "FINISHED" and summary["domain"] == "rlve+dapo"
+    for part in ("rlve", "dapo"):
+        # Each domain evaluated on its own items, the student before and after, and its teacher
+        # (the teacher's eval generated in its worker process).
+        assert set(summary["parts"][part]) >= {"student_before", "student_after", "teacher_score"}, part
+        assert summary["parts"][part]["teacher_score"]["items"] == 4
+    models = json.loads((run_dir / "manifest.json").read_text())["models"]
+    assert models["teacher@rlve"]["path"] == str(tiny_zoo.teacher)
+    assert models["teacher@dapo"]["class"] == "LlamaForCausalLM"
+    for role in ("teacher@rlve", "teacher@dapo"):
+        assert models[role]["device"] == models[role]["worker_device"] == "cpu", role
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    # The seed's first step draws prompts of both domains (a step of two prompts may hold one).
+    assert {"perf/teacher_time_s/rlve", "perf/teacher_time_s/dapo"} <= set(steps[0])
+    for r in steps:
+        assert math.isfinite(r["train/loss"])
+        scored = [p for p in ("rlve", "dapo") if f"perf/teacher_time_s/{p}" in r]
+        for part in scored:  # each domain's figures whenever the step held its rows
+            assert math.isfinite(r[f"kl/{part}/reverse_kl_mean"]), part
+        assert ("kl/dapo/aligned_share" in r) == ("dapo" in scored)
+        assert "kl/rlve/aligned_share" not in r  # rlve's teacher shares the student's tokenizer
+        # Two teachers side by side: the step's teacher time is the slower one's.
+        assert r["perf/teacher_time_s"] >= max(r[f"perf/teacher_time_s/{p}"] for p in scored) - 1e-6
+        assert 0.0 <= r["perf/overlap_s"] <= r["perf/teacher_time_s"]
