@@ -1,15 +1,24 @@
-"""`accelerate launch` with 2 CPU processes vs one process: same global batch, one run, one checkpoint.
+"""Several processes train like one: DDP, FSDP2 and DeepSpeed ZeRO-3 over 2 CPU processes (gloo)
+against one process, run for run: per-step `train/loss` and `train/grad_norm` within 1e-5, the same
+evaluations, one run directory and one MLflow run holding exactly metrics.jsonl, a `step-3`
+checkpoint that loads with `from_pretrained` and holds every process's part.
 
-The two-process run is `distill run --launcher accelerate --accelerate-config
-configs/accelerate/cpu-ddp.yaml`, which re-execs as `accelerate launch --config_file ... -m distill
-run ...` (accelerate's torchrun path; `accelerate launch --cpu --num_processes 2` starts ONE process
-without mpirun, see the config's comment). Rollouts are near-greedy (temperature 1e-4) so both runs
-sample the same completions for the same prompts, and their losses can be compared step by step.
+The one-process runs are made once and shared by the three launchers; each launch runs its cases
+one after another in the same processes (tests/e2e/run_many.py: the interpreter start-up is most
+of a tiny run's time on a 2-core machine). Rollouts are near-greedy (temperature 1e-7: at 1e-4 a
+near-tie of the tiny model's logits let the ranks' own sampling streams pick other tokens than
+one process's) so both sides sample the same completions and their losses compare step by step.
+The launches use configs/accelerate/cpu-ddp.yaml, cpu-fsdp.yaml and cpu-zero3.yaml as a user would.
+
+A run costs up to a minute on 2 cores, so each launcher runs the cases its own code paths need
+(LAUNCHES); DISTILL_E2E_FULL_MATRIX=1 runs every case under FSDP2 and ZeRO-3 (the table in
+docs/scaling-multiprocess.md).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,91 +27,160 @@ import pytest
 
 from e2e.test_run import _client, _env, _only_run, _overrides
 
+from .mlflow_level import assert_level
+
 pytestmark = pytest.mark.integration
 
-CPU_DDP = Path(__file__).resolve().parents[2] / "configs" / "accelerate" / "cpu-ddp.yaml"
-# Both runs see the same 8 sequences; the two-process loss is the mean of two half-batch losses
-# normalised by the global token count (TRL's dapo loss), so only float summation order differs.
-LOSS_TOLERANCE = 1e-5
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "configs" / "accelerate"
+RUN_MANY = Path(__file__).with_name("run_many.py")
+STEPS = 3
+# Both sides see the same sequences; only float summation order differs (measured: <= 6e-7).
+TOLERANCE = 1e-5
+
+CASES = {
+    "sft": ["--method", "sft", "method.keep_verified_only=false"],
+    # K drawn per sample from [0, 64] (the default range): each sample's own stream.
+    "rose": ["--method", "rose", "method.teacher_max_tokens=16"],
+    # Rank 0 evaluates mid-run while the others wait (on the gathered weights when sharded).
+    "opd-fkl": ["--method", "opd", "method.loss=forward_kl_topk", "method.top_k=8", "eval.every_steps=2"],
+    "opd-jsd": ["--method", "opd", "method.loss=jsd"],
+    "opd-k1": ["--method", "opd", "method.loss=k1"],
+    "opd-k3": ["--method", "opd", "method.loss=k3"],
+    "opd-trd": ["--method", "opd", "method.loss=token_reward_direct"],
+    "opsd-base": ["--method", "opsd", "method.teacher_weights=base"],
+    "opsd-ema": ["--method", "opsd", "method.teacher_weights=ema"],
+    "opsd-live": ["--method", "opsd", "method.teacher_weights=live"],
+}
+# DDP: a direct divergence through the DDP wrapper. FSDP2: each method's path (sft/rose split
+# batches, the head gathered once a pass, the EMA teacher shard by shard). ZeRO-3: TRL's loss and
+# its other partitioning on the head and on the EMA teacher.
+LAUNCHES = {
+    "cpu-ddp.yaml": ["opd-fkl"],
+    "cpu-fsdp.yaml": ["sft", "rose", "opd-fkl", "opd-jsd", "opsd-ema"],
+    "cpu-zero3.yaml": ["opd-trd", "opsd-ema"],
+}
+if os.environ.get("DISTILL_E2E_FULL_MATRIX"):
+    LAUNCHES |= {"cpu-fsdp.yaml": list(CASES), "cpu-zero3.yaml": list(CASES)}
 
 
-def _args(tiny_zoo, loss: str) -> list[str]:
+def _args(tiny_zoo, case: str) -> list[str]:
+    models = _overrides(tiny_zoo, STEPS, 0)
+    if case.startswith("opsd"):  # its teacher is the student's own weights
+        models = [a for a in models if not a.startswith("teacher.name=")]
     return [
-        "run",
-        "--domain",
-        "rlve",
-        "--method",
-        "opd",
-        *_overrides(tiny_zoo, 3, 0),
-        f"method.loss={loss}",
-        "method.top_k=8",
-        "rollout.temperature=1e-4",
-        "eval.items=2",
-        "eval.every_steps=2",  # rank 0 evaluates mid-run while rank 1 waits in the next step
-        "eval.eval_teacher=false",
-        "tracking.sample_rows=4",
-    ]
+        "run", "--domain", "rlve", *CASES[case], *models,
+        "rollout.temperature=1e-7", "eval.items=2", "eval.eval_teacher=false", "tracking.sample_rows=4",
+        f"tracking.run_name={case}",
+    ]  # fmt: skip
 
 
-def _run(cmd: list[str], workspace: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, env=_env(workspace), capture_output=True, text=True, timeout=240)
+def _run_many(tiny_zoo, cases: list[str], workspace: Path, config: str | None) -> subprocess.CompletedProcess:
+    workspace.mkdir(parents=True, exist_ok=True)
+    spec = workspace / "spec.json"
+    spec.write_text(json.dumps([_args(tiny_zoo, case) for case in cases]))
+    cmd = [sys.executable, str(RUN_MANY), str(spec)]
+    if config is not None:
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(CONFIGS / config),
+            *cmd[1:],
+        ]
+    proc = subprocess.run(cmd, env=_env(workspace), capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    codes = (workspace / "spec.json.codes").read_text().split()
+    assert codes == ["0"] * len(cases), (codes, proc.stderr[-4000:])
+    return proc
 
 
-def _train_rows(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if "train/loss" in r]
+@pytest.fixture(scope="module")
+def one_process(tiny_zoo, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every case in one process: the runs each launcher is compared with."""
+    workspace = tmp_path_factory.mktemp("one")
+    _run_many(tiny_zoo, [c for c in CASES if any(c in cases for cases in LAUNCHES.values())], workspace, None)
+    return workspace
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def _samples(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "samples" / "step-1.jsonl").read_text().splitlines()]
+    path = run_dir / "samples" / "step-1.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-# TRL's GRPO loss, and a direct divergence whose student forward must go through the DDP wrapper.
-@pytest.mark.parametrize("loss", ["token_reward_direct", "forward_kl_topk"])
-def test_two_processes_train_like_one(tmp_path: Path, tiny_zoo, loss: str) -> None:
-    one, two = tmp_path / "one", tmp_path / "two"
-    single = _run([sys.executable, "-m", "distill", *_args(tiny_zoo, loss)], one)
-    assert single.returncode == 0, single.stderr[-3000:]
-    # `distill run --launcher accelerate` re-execs as `accelerate launch --config_file F -m distill run ...`.
-    launcher = ["--launcher", "accelerate", "--accelerate-config", str(CPU_DDP)]
-    multi = _run([sys.executable, "-m", "distill", *_args(tiny_zoo, loss), *launcher], two)
-    assert multi.returncode == 0, multi.stderr[-3000:]
+def _evals(rows: list[dict]) -> list[dict]:
+    return [
+        {k: v for k, v in r.items() if k.startswith("eval/")} | {"step": r["step"]}
+        for r in rows
+        if "eval/rlve/accuracy" in r
+    ]
 
-    run_one, run_two = _only_run(one), _only_run(two)  # exactly one run directory
-    summary = json.loads((run_two / "summary.json").read_text())
-    assert summary["status"] == "FINISHED" and summary["steps"] == 3
-    assert multi.stdout.count("student  accuracy") == 1  # only rank 0 reports
 
-    # Exactly one MLflow run, and it is the run directory's.
-    client = _client(two)
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    assert [r.info.run_id for r in runs] == [summary["mlflow_run_id"]]
-    assert runs[0].info.status == "FINISHED"
+@pytest.mark.parametrize("config", list(LAUNCHES))
+def test_processes_train_like_one(config: str, one_process: Path, tiny_zoo, tmp_path: Path) -> None:
+    if config == "cpu-zero3.yaml":
+        pytest.importorskip("deepspeed")
+    cases = LAUNCHES[config]
+    workspace = tmp_path / "launch"
+    proc = _run_many(tiny_zoo, cases, workspace, config)
+    assert proc.stdout.count("student  accuracy") == len(cases)  # only rank 0 reports, once a run
+    client = _client(workspace)
+    worst: dict[str, float] = {}
+    for case in cases:
+        one, many = one_process / "runs" / case, workspace / "runs" / case
+        summary = json.loads((many / "summary.json").read_text())
+        assert summary["status"] == "FINISHED" and summary["steps"] == STEPS, (case, summary.get("error"))
+        assert_level(client, many)  # its one MLflow run holds exactly metrics.jsonl
+        rows_one, rows_many = _rows(one), _rows(many)
+        train_one = [r for r in rows_one if "train/loss" in r]
+        train_many = [r for r in rows_many if "train/loss" in r]
+        assert [r["step"] for r in train_many] == [1, 2, 3], case
+        diffs = [
+            abs(a[k] - b[k])
+            for a, b in zip(train_one, train_many, strict=True)
+            for k in ("train/loss", "train/grad_norm")
+        ]
+        worst[case] = max(diffs)
+        assert worst[case] <= TOLERANCE, (case, train_one, train_many)
+        assert _evals(rows_many) == _evals(rows_one), case  # the same evaluations, mid-run ones too
+        # The same global batch: rank 0 writes the first process's samples, as one process does.
+        shown_one, shown_many = _samples(one), _samples(many)
+        assert [s.get("prompt") for s in shown_many] == [
+            s.get("prompt") for s in shown_one[: len(shown_many)]
+        ]
+        final = many / "checkpoints" / f"step-{STEPS}"
+        assert sorted(p.name for p in (many / "checkpoints").iterdir() if p.is_dir()) == [f"step-{STEPS}"]
+        assert (final / "rng_state_0.pth").exists() and (final / "rng_state_1.pth").exists(), case
+        assert json.loads((final / "distill_launch.json").read_text())["processes"] == 2
+        if config == "cpu-zero3.yaml":  # ZeRO-3's optimizer state: one partition a process
+            assert len(list(final.glob("global_step*/*optim_states.pt"))) == 2, case
+        elif config == "cpu-fsdp.yaml":  # FSDP2's: whole, re-sharded on resume
+            assert (final / "optimizer.bin").exists(), case
+        if case == "opsd-ema":
+            assert (final / "ema_teacher.safetensors").exists()
+    _checkpoint_loads(one_process / "runs" / cases[0], workspace / "runs" / cases[0])
+    times = (workspace / "spec.json.times").read_text().split()
+    print(
+        f"{config}: max |difference| per case {worst}; seconds per run {dict(zip(cases, times, strict=True))}"
+    )
 
-    # One final checkpoint, committed after both ranks wrote their RNG state into it.
-    checkpoints = sorted(p.name for p in (run_two / "checkpoints").iterdir() if p.is_dir())
-    assert checkpoints == ["step-3"]
-    final = run_two / "checkpoints" / "step-3"
-    assert (final / "rng_state_0.pth").exists() and (final / "rng_state_1.pth").exists()
-    assert (final / "model.safetensors").exists()
 
-    # One metrics line per step (rank 1 writes none), and the same batch as the one-process run.
-    rows_one, rows_two = _train_rows(run_one), _train_rows(run_two)
-    evals = [r["step"] for r in map(json.loads, (run_two / "metrics.jsonl").read_text().splitlines())
-             if "eval/rlve/accuracy" in r]  # fmt: skip
-    assert evals == [0, 2, 3]
-    assert [r["step"] for r in rows_two] == [1, 2, 3]
-    assert [s["prompt"] for s in _samples(run_two)] == [s["prompt"] for s in _samples(run_one)[:4]]
-    assert [s["student"] for s in _samples(run_two)] == [s["student"] for s in _samples(run_one)[:4]]
-    assert rows_two[0]["train/loss"] == pytest.approx(rows_one[0]["train/loss"], abs=LOSS_TOLERANCE)
-    # Steps 2 and 3 start from the updated weights: they match only if DDP averaged the gradients
-    # to the one-process gradient (measured: |diff| <= 1.2e-7 on every step, both losses).
-    for a, b in zip(rows_two, rows_one, strict=True):
-        assert a["train/loss"] == pytest.approx(b["train/loss"], abs=LOSS_TOLERANCE)
-        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-4)
-    # Figures the method computes per rank are reduced over the ranks: the same as one process.
-    for key in ("student/completion_tokens_mean", "student/completion_tokens_max"):
-        assert rows_two[0][key] == pytest.approx(rows_one[0][key], abs=1e-4), key
+def _checkpoint_loads(one: Path, many: Path) -> None:
+    """The sharded run's final checkpoint is a whole model `from_pretrained` loads, with the
+    one-process run's weights (tied head and embedding included)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    a = AutoModelForCausalLM.from_pretrained(one / "checkpoints" / f"step-{STEPS}", dtype=torch.float32)
+    b = AutoModelForCausalLM.from_pretrained(many / "checkpoints" / f"step-{STEPS}", dtype=torch.float32)
+    assert b.get_output_embeddings().weight is b.get_input_embeddings().weight
+    for (name, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.allclose(p, q, atol=1e-5), name
 
 
 def test_a_failing_process_fails_the_run_once(tmp_path: Path, tiny_zoo) -> None:
@@ -111,9 +189,15 @@ def test_a_failing_process_fails_the_run_once(tmp_path: Path, tiny_zoo) -> None:
     args = [
         "run", "--domain", "rlve", "--method", "sft", *_overrides(tiny_zoo, 2, 0),
         "rollout.max_new_tokens=1", "eval.items=2", "eval.eval_teacher=false",
-        "--launcher", "accelerate", "--accelerate-config", str(CPU_DDP),
+        "--launcher", "accelerate", "--accelerate-config", str(CONFIGS / "cpu-ddp.yaml"),
     ]  # fmt: skip
-    proc = _run([sys.executable, "-m", "distill", *args], tmp_path / "ws")
+    proc = subprocess.run(
+        [sys.executable, "-m", "distill", *args],
+        env=_env(tmp_path / "ws"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0
     run_dir = _only_run(tmp_path / "ws")
     summary = json.loads((run_dir / "summary.json").read_text())
