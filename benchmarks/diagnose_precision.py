@@ -141,6 +141,21 @@ PLANTS: tuple[Plant, ...] = (
         needs="kl/clip_share",
     ),
     Plant(
+        "teacher-weaker",
+        (*OPD, "student.name=zoo:teacher", "teacher.name=zoo:student", "eval.eval_teacher=true"),
+        ("teacher_weaker",),
+        "the zoo teacher as the student and the zoo student as its teacher: a teacher far below its "
+        "student before training (the teacher evaluated at step 0)",
+        needs="teacher/eval/rlve/accuracy",
+    ),
+    Plant(
+        "duplicate-rollouts",
+        (*OPD, "rollout.temperature=0.01", "rollout.num_generations=4"),
+        ("duplicate_rollouts",),
+        "near-greedy sampling (temperature 0.01) with 4 samples a prompt",
+        needs="student/duplicate_share",
+    ),
+    Plant(
         "reference-gap",
         (*OPD, "teacher.engine=server", "teacher.url=http://127.0.0.1:8000"),
         ("teacher_reference_gap",),
@@ -382,8 +397,10 @@ def plant_command(plant: Plant, faults: Path) -> list[str]:
         "-m",
         "distill",
         "run",
-        *args,
+        # Domain and method, the short settings, then the plant's own: a plant may override one.
+        *args[:4],
         *SHORT,
+        *args[4:],
         f"tracking.run_name=plant-{plant.name}",
     ]
 

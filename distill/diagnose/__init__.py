@@ -7,7 +7,8 @@
 Rules are plain functions `RunRecord -> list[Finding]`, listed by `all_rules()` in the order a reader
 should meet them when severities tie: broken setup first, then supervision, then dynamics. A rule
 that raises does not stop the others: it leaves a `rule_crashed:<rule>` warning, and the exit code
-is 3 (the diagnosis is incomplete: that rule might have found an error).
+is 3 (the diagnosis is incomplete: that rule might have found an error). A finding that blames a
+hyper-parameter is screened against the causes the run's records show (screen.py).
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ from pathlib import Path
 from distill.diagnose.findings import CRASHED, INCOMPLETE, Evidence, Finding, Fix, Severity, exit_code, rank
 from distill.diagnose.records import RunNotReadable, RunRecord, Series, load_run
 from distill.diagnose.schedule import within_history
+from distill.diagnose.screen import screened
 
 Rule = Callable[[RunRecord], list[Finding]]
 
 
 def all_rules() -> list[Rule]:
-    from distill.diagnose import alignment, domains, dynamics, outcomes, precision, signals, speed
+    from distill.diagnose import alignment, causes, domains, dynamics, outcomes, precision, signals, speed
     from distill.diagnose import rules as budget
 
     return [
         budget.run_status,
         outcomes.pairing,
+        causes.teacher_weaker,
         signals.reference_gap,
         precision.precision,
         alignment.alignment,
@@ -37,6 +40,7 @@ def all_rules() -> list[Rule]:
         budget.teacher_truncation,
         budget.coverage,
         budget.student_truncation,
+        causes.duplicate_rollouts,
         outcomes.eval_divergence,
         outcomes.eval_regression,
         outcomes.kl_rising,
@@ -60,8 +64,9 @@ def diagnose(rec: RunRecord, only: list[Rule] | None = None) -> list[Finding]:
             findings += rule(rec)
         except Exception as exc:  # odd data must not hide the other rules' findings
             findings.append(_crash(rule, exc))
-    # Whatever a rule wrote, no fix suggests an lr above the run's own highest (schedule.py).
-    return rank(within_history(rec, findings))
+    # A rule that blames a hyper-parameter first rules out the causes the records show (screen.py);
+    # whatever a rule wrote, no fix suggests an lr above the run's own highest (schedule.py).
+    return rank(within_history(rec, screened(rec, findings)))
 
 
 def _crash(rule: Rule, exc: Exception) -> Finding:

@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from distill.diagnose.findings import Evidence, Finding, Fix, Severity, fmt, pct
-from distill.diagnose.records import RunRecord, Series
+from distill.diagnose.records import EvalFile, RunRecord, Series
 from distill.diagnose.rules import teacher_budget
 
 SHOWN_ITEMS = 5
@@ -66,7 +66,15 @@ def change_se(
     Paired over the items both eval files hold (the per-item changes' spread / sqrt(items)),
     else the binomial bound for two independent evals of n items x k samples at `level`
     (p(1-p) bounds the variance of any value in [0, 1])."""
-    a, b = rec.eval_file(first), rec.eval_file(last)
+    return files_se(rec.eval_file(first), rec.eval_file(last), level, n, k)
+
+
+def files_se(
+    a: EvalFile | None, b: EvalFile | None, level: float, n: int | None, k: int = 1
+) -> tuple[float, str]:
+    """One standard error of the headline's difference between two eval files (two checkpoints,
+    or the teacher's and the student's evals of the same items): paired where both hold items
+    of the same ids, else the binomial bound at `level` for n items x k samples."""
     if a is not None and b is not None:
         before = {row.get("id"): _item_value(row) for row in a.rows}
         diffs = []
@@ -267,7 +275,7 @@ def _level(name: str, value: float) -> str:
 GAP_CLOSED_WARN = 0.25
 
 
-def _summary_headline(*scores: Any) -> str | None:
+def summary_headline(*scores: Any) -> str | None:
     """The headline all summary entries share: accuracy, else the episode score."""
     for name in HEADLINES:
         if all(isinstance(s, dict) and name in s for s in scores):
@@ -279,7 +287,7 @@ def teacher_gap(rec: RunRecord) -> list[Finding]:
     """A finished run that closed little of the student-teacher gap on the eval set."""
     before, after = rec.summary.get("student_before"), rec.summary.get("student_after")
     teacher = rec.summary.get("teacher_score")
-    name = _summary_headline(before, after, teacher)
+    name = summary_headline(before, after, teacher)
     if name is None or not (
         isinstance(before, dict) and isinstance(after, dict) and isinstance(teacher, dict)
     ):

@@ -10,6 +10,7 @@ groups (cross_family.py). The student's side is computed in the loss forward (si
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -228,6 +229,14 @@ def cut_out_of_vocab(out: dict[str, Any], limit: int) -> tuple[int, int]:
     return outside, tokens
 
 
+def duplicate_share(prompt_rows: Sequence[Sequence[int]], completion_rows: Sequence[Sequence[int]]) -> float:
+    """The share of sampled responses that repeat another sample of the same prompt id for id,
+    each distinct response's first copy not counted: the samples a step spends on a response it
+    already has (4 identical samples of a prompt: 3 of 4; near-greedy sampling, several a prompt)."""
+    counts = Counter((tuple(p), tuple(c)) for p, c in zip(prompt_rows, completion_rows, strict=True))
+    return sum(n - 1 for n in counts.values()) / max(len(completion_rows), 1)
+
+
 def log_rollouts(
     ctx: RunContext,
     step: int,
@@ -238,7 +247,7 @@ def log_rollouts(
     cut: list[bool] | None = None,
 ) -> None:
     """The student's side of the step: lengths, truncation (`cut`: rows ended at an id outside
-    the vocabulary, which are not), reward, accuracy (per domain too in a mixed run); a few samples."""
+    the vocabulary, which are not), duplicates, reward, accuracy (per domain too in a mixed run); a few samples."""
     texts = ctx.student.tokenizer.batch_decode(completion_rows, skip_special_tokens=True)
     eos = set(ctx.student.eos_ids)
     cut = cut or [False] * len(completion_rows)
@@ -249,6 +258,7 @@ def log_rollouts(
         "student/completion_tokens_mean": sum(lengths) / len(lengths),
         "student/completion_tokens_max": float(max(lengths)),
         "student/truncation_rate": sum(truncated) / len(truncated),
+        "student/duplicate_share": duplicate_share(prompt_rows, completion_rows),
         "student/reward_mean": sum(s.reward for s in scores) / len(scores),
         "student/accuracy": sum(s.correct for s in scores) / len(scores),
         "_tokens": float(sum(lengths) + sum(len(p) for p in prompt_rows)),

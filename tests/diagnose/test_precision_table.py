@@ -98,3 +98,14 @@ def test_main_writes_the_table_and_exits_on_misses(tmp_path: Path) -> None:
     [row] = [r for r in data["rows"] if r["rule"] == "teacher_truncation"]
     assert row["caught"] == ["error"] and row["healthy_fired"] == 0
     assert "`teacher_truncation`" in (faults_ws / "diagnose-precision.md").read_text()
+
+
+def test_a_plants_own_settings_follow_the_short_ones_so_it_may_override_them(tmp_path: Path) -> None:
+    """The teacher-weaker plant turns the teacher's step-0 eval back on (the short settings turn
+    it off): the last of two settings of one key wins on `distill run`'s command line."""
+    bench = _bench()
+    plant = next(p for p in bench.PLANTS if p.name == "teacher-weaker")
+    cmd = bench.plant_command(plant, tmp_path)
+    run = cmd.index("run")
+    assert cmd[run + 1 : run + 5] == ["--domain", "rlve", "--method", "opd"]
+    assert cmd.index("eval.eval_teacher=true") > cmd.index("eval.eval_teacher=false")
