@@ -227,7 +227,19 @@ def plan_here() -> Plan:
     kind = strategy()
     if kind == "fsdp" and os.environ.get("FSDP_VERSION", "2") != "2":
         kind = "fsdp1"
-    return Plan(kind, world_size())
+    return Plan(_as_trained(kind, world_size()), world_size())
+
+
+def _as_trained(kind: str, processes: int) -> str:
+    """What an FSDP launch over one process trains as: without CUDA distill sets FSDP up itself
+    only over several processes (`configured_state`), so one process trains unsharded and reads
+    and writes one process's checkpoints."""
+    if kind == "fsdp" and processes <= 1:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "single"
+    return kind
 
 
 def plan_of(config_file: Path | None, num_processes: int | None) -> Plan:
@@ -247,7 +259,7 @@ def plan_of(config_file: Path | None, num_processes: int | None) -> Plan:
     kind = str(fields.get("distributed_type", "NO")).upper()
     if kind == "FSDP":
         version = str((fields.get("fsdp_config") or {}).get("fsdp_version", 1))
-        return Plan("fsdp" if version == "2" else "fsdp1", processes)
+        return Plan(_as_trained("fsdp", processes) if version == "2" else "fsdp1", processes)
     if kind == "DEEPSPEED":
         stage = str((fields.get("deepspeed_config") or {}).get("zero_stage", ""))
         return Plan("zero3" if stage == "3" else "deepspeed", processes)

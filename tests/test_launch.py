@@ -181,6 +181,28 @@ def test_zero3_without_deepspeed_is_refused_naming_the_package(monkeypatch: pyte
     assert launch.launch_refusal(cfg, launch.Plan("fsdp", 2)) is None
 
 
+def test_one_fsdp_process_without_cuda_is_one_process(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import torch
+
+    config = ACCELERATE_CONFIGS / "cpu-fsdp.yaml"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    # distill shards on CPU only over several processes: one trains unsharded, so an FSDP2
+    # checkpoint of 2 processes is refused before the run directory changes, not failed in it.
+    assert launch.plan_of(config, 1) == launch.Plan("single", 1)
+    assert launch.plan_of(config, 2) == launch.Plan("fsdp", 2)
+    step = tmp_path / "step-3"
+    step.mkdir()
+    (step / launch.LAUNCH_FILE).write_text('{"strategy": "fsdp", "processes": 2}')
+    assert launch.resume_refusal(step, launch.plan_of(config, 1)) == (
+        "step-3 was written by FSDP2 over 2 process(es); resume it with the same launcher "
+        "(this launch: one process over 1)"
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # one GPU: FSDP2 over it
+    assert launch.plan_of(config, 1) == launch.Plan("fsdp", 1)
+
+
 def test_resuming_under_another_launch(tmp_path: Path) -> None:
     step = tmp_path / "step-3"
     step.mkdir()
