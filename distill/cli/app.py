@@ -14,6 +14,7 @@ from distill.cli.archive import archive_app, reproduce
 from distill.cli.bridge import bridge_app
 from distill.cli.common import fail
 from distill.cli.serve import serve_app
+from distill.cli.zoo import zoo_app
 
 if TYPE_CHECKING:
     from distill.config import RunConfig
@@ -84,7 +85,6 @@ def run(
         int | None, typer.Option("--num-processes", help="training processes (with --launcher accelerate)")
     ] = None,
 ) -> None:
-    from distill.config import ConfigError
     from distill.settings import get_settings
 
     settings = get_settings()
@@ -111,24 +111,31 @@ def run(
             )
         except ValueError as exc:
             raise fail(str(exc)) from None
-    from distill.cli.report import print_run_summary
-    from distill.runner import execute
-    from distill.tracking.rundir import RunRefused
-
     if preflight:
         _preflight_only(cfg, settings)
         return
+    _execute(cfg, settings, resume)
+
+
+def _execute(cfg: RunConfig | None, settings: Settings, resume: str | None) -> None:
+    """The run, its end as one line and an exit code, then its summary (rank 0)."""
+    from distill.cli.report import print_run_summary
+    from distill.config import ConfigError
+    from distill.launch import is_main_process
+    from distill.requeue import StopForRequeue
+    from distill.runner import execute
+    from distill.tracking.rundir import RunRefused
 
     try:
         summary = execute(cfg, settings, argv=sys.argv, resume=resume, say=typer.echo)
     except (ConfigError, RunRefused) as exc:  # refused before anything was written
         raise fail(str(exc)) from None
+    except StopForRequeue as exc:  # a SLURM cell's time limit or preemption, not a kill
+        raise fail(f"{exc}; the requeued job continues it with --resume", 130) from None
     except KeyboardInterrupt:
         raise fail("interrupted; the run is marked KILLED and can be continued with --resume", 130) from None
     except Exception as exc:
         raise fail(f"run failed: {type(exc).__name__}: {exc} (traceback in the run's error.log)", 1) from None
-    from distill.launch import is_main_process
-
     if is_main_process():  # the other ranks of a multi-process run only trained
         print_run_summary(summary, settings)
 
@@ -456,30 +463,7 @@ app.add_typer(bridge_app, name="bridge")
 app.add_typer(serve_app, name="serve")
 app.command(name="reproduce")(reproduce)
 
-zoo_app = typer.Typer(
-    help="The embedded default's tiny models, built locally and cached.", no_args_is_help=True
-)
 app.add_typer(zoo_app, name="zoo")
-
-
-@zoo_app.command("build", help="Build zoo entries for a domain (default: all).")
-def zoo_build(
-    names: Annotated[list[str] | None, typer.Argument(help="e.g. teacher student tok-llama")] = None,
-    domain: Annotated[str, typer.Option(help="domain whose data the models learn")] = "rlve",
-) -> None:
-    from distill.cli.report import zoo_build as build
-
-    try:
-        build(names or [], domain)
-    except ValueError as exc:
-        raise fail(str(exc)) from None
-
-
-@zoo_app.command("ls", help="List built zoo entries with their recipe keys and eval scores.")
-def zoo_ls() -> None:
-    from distill.cli.report import zoo_ls as ls
-
-    ls()
 
 
 def main() -> None:

@@ -184,7 +184,7 @@ def test_default_items_are_pinned() -> None:
 
 
 def test_named_environments_take_their_controllers_difficulty() -> None:
-    # The README's `domain.environments=[Division,LCM]`: no parameters given, none guessed.
+    # `domain.environments=[Division,LCM]` (a user's list): no parameters given, none guessed.
     from Gym.parameter_controllers import identifier2controller
 
     dom = build(RLVEDomainConfig(environments=["Division", "LCM"], train_size=64, eval_size=32))

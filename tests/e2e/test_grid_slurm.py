@@ -140,6 +140,8 @@ def test_a_grid_on_slurm_ends_with_the_local_grids_table(
     requeue_log = log_of[requeued].read_text()
     assert requeue_log.count(f"job {ids[requeued]} on ") == 2, requeue_log[-3000:]  # the same job, requeued
     assert "(time limit or preemption): run exited 130; requeued" in requeue_log
+    # The run says why it stopped: a requeue, not a kill.
+    assert "the requeued job continues it with --resume" in requeue_log and "interrupted;" not in requeue_log
     assert f"resuming {name[requeued]} from step-" in requeue_log
 
     resumed_at = time.time()
