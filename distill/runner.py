@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from distill import __version__, launch
 from distill.archive.manifest import build_manifest, check_same_start
 from distill.config import ConfigError, RunConfig, dump_config
+from distill.diagnose.causes import start_note
 from distill.diagnose.findings import Severity
 from distill.diagnose.records import load_run
 from distill.diagnose.report import build_report
@@ -298,6 +299,8 @@ def _train_and_evaluate(job: Job, domains: list[Domain]) -> None:
         say(_score_line("teacher", summary["teacher_score"]))
     for part, scores in (summary.get("parts") or {}).items():
         say("  ".join(_score_line(f"{part} {k.replace('_', ' ')}", m) for k, m in scores.items()))
+    if "teacher_score" in summary and (note := start_note(run.path)):
+        say(note)  # a teacher below its student: the cause of what follows, said before training
 
     def evaluate_student(step: int, model: Any) -> EvalResult:
         live = HFEngine(model, student.tokenizer, student.enable_thinking)
