@@ -14,6 +14,7 @@ A = logp_T - logp_S (detached), summed over completion tokens / their count -> c
     python benchmarks/opd_step.py                          # 32 rollouts x 64 tokens, all systems
     python benchmarks/opd_step.py --rows 8 --tokens 256
     python benchmarks/opd_step.py --systems floor,distill:token_reward_direct --profile distill:token_reward_direct
+    python benchmarks/opd_step.py --systems distill:jsd,distill:jsd:compiled     # torch.compile vs eager
 """
 
 from __future__ import annotations
@@ -36,15 +37,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 import interleave  # noqa: E402
 from interleave import PHASES, Baton, medians, region, trainer_callback, wrap  # noqa: E402
 
+LOSSES = ("token_reward_direct", "k1", "k3", "forward_kl_topk", "jsd")
+# `distill:<loss>:compiled`: the same run with kernels.compile=on (the chunk reductions under
+# torch.compile, kernels/compiled.py), beside the eager one in the same process.
 SYSTEMS = (
     "floor",
-    "distill:token_reward_direct",
-    "distill:k1",
-    "distill:k3",
-    "distill:forward_kl_topk",
-    "distill:jsd",
+    *(f"distill:{loss}" for loss in LOSSES),
     "trl:distillation",
+    *(f"distill:{loss}:compiled" for loss in LOSSES),
 )
+DEFAULT_SYSTEMS = SYSTEMS[: len(LOSSES) + 2]
 
 
 def fixed_length() -> None:
@@ -111,13 +113,15 @@ def prompts_pool() -> list[str]:
         domain.close()
 
 
-def distill_system(loss: str, args: argparse.Namespace, baton: Baton, name: str, workspace: Path) -> None:
+def distill_system(system: str, args: argparse.Namespace, baton: Baton, name: str, workspace: Path) -> None:
     from distill.config import resolve_config
     from distill.runner import execute
     from distill.settings import Settings, get_settings
 
+    loss, _, variant = system.partition(":")
     student, teacher = names_for(args.pair)
     overrides = [
+        f"kernels.compile={'on' if variant == 'compiled' else 'off'}",
         f"student.name={student}",
         f"teacher.name={teacher}",
         f"method.loss={loss}",
@@ -136,7 +140,7 @@ def distill_system(loss: str, args: argparse.Namespace, baton: Baton, name: str,
         "eval.eval_teacher=false",
         f"threads={args.threads}",
         "tracking.experiment=opd-step-bench",
-        f"tracking.run_name=bench-{loss}-{uuid.uuid4().hex[:6]}",
+        f"tracking.run_name=bench-{loss}-{variant or 'eager'}-{uuid.uuid4().hex[:6]}",
     ]
     if loss == "jsd":
         overrides.append("method.beta=1.0")  # reverse KL, TRL's beta=1
@@ -300,7 +304,9 @@ def table(results: dict[str, dict[str, float]], args: argparse.Namespace) -> str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of: {', '.join(SYSTEMS)}")
+    parser.add_argument(
+        "--systems", default=",".join(DEFAULT_SYSTEMS), help=f"comma list of: {', '.join(SYSTEMS)}"
+    )
     parser.add_argument("--pair", choices=("zoo", "qwen3"), default="zoo")
     parser.add_argument("--rows", type=int, default=32, help="rollouts per step (prompts x 2 generations)")
     parser.add_argument("--tokens", type=int, default=64, help="max new tokens per rollout")

@@ -19,6 +19,7 @@ from distill.engines.placement import Role, cpu_note, place, this_machine
 from distill.engines.server import ServerEngine
 from distill.engines.templates import apply_chat_template
 from distill.engines.worker import WorkerEngine
+from distill.kernels import compiled
 from distill.methods import get_method
 from distill.methods.budget import context_checks
 from distill.methods.cross_family import crosses
@@ -230,6 +231,7 @@ def prepare(config: RunConfig, settings: Settings) -> Prepared:
     # the cached zoo models are the same whatever `threads` a run asks for.
     if config.threads:
         torch.set_num_threads(config.threads)
+    compiled.set_mode(config.kernels.compile)
     return Prepared(train, domain, student, teacher, teachers)
 
 

@@ -437,3 +437,12 @@ def test_loss_family_is_validated() -> None:
         resolve_config("rlve", "opd", overrides=["method.beta=1.5"])
     with pytest.raises(ConfigError, match="teacher_weights"):
         resolve_config("rlve", "opd", overrides=["method.teacher_weights=ema"])
+
+
+def test_kernels_compile_reads_yaml_switches_and_refuses_others() -> None:
+    # YAML reads `on`/`off` as booleans, in presets and in key=value overrides alike.
+    assert resolve_config("rlve", "opd", overrides=["kernels.compile=on"]).kernels.compile == "on"
+    assert resolve_config("rlve", "opd", overrides=["kernels.compile=off"]).kernels.compile == "off"
+    assert resolve_config("rlve", "opd").kernels.compile == "auto"
+    with pytest.raises(ConfigError, match="kernels.compile"):
+        resolve_config("rlve", "opd", overrides=["kernels.compile=sometimes"])

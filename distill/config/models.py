@@ -56,8 +56,10 @@ class ModelConfig(Strict):
     # A Jinja chat-template file for a tokenizer that has none (or whose own should not be used):
     # a tokenizer without a template is refused rather than given a silent default.
     chat_template: str | None = None
-    # A teacher (engine=hf) under FSDP2 / ZeRO-3: sharded over the training processes for
-    # inference, as the student is, instead of a whole copy in each (one too big for a device).
+    # Sharding a model for inference is not built: under FSDP2 / ZeRO-3 an hf teacher is whole on
+    # every rank (inference only) and one too big for a device is served (teacher.engine=server).
+    # `teacher.shard=true` is refused in one line (launch.py), `student.shard` too (the launcher
+    # shards the student).
     shard: bool = False
 
     @model_validator(mode="after")
@@ -244,6 +246,18 @@ class TrackingConfig(Strict):
         return value
 
 
+class KernelsConfig(Strict):
+    # torch.compile for the chunked head's and jsd's reductions (distill/kernels/compiled.py):
+    # `auto` compiles on CUDA, `on` everywhere (the CPU too), `off` never.
+    compile: Literal["auto", "on", "off"] = "auto"
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _yaml_switch(cls, value: Any) -> Any:
+        # YAML (presets and `key=value` overrides) reads on/off as booleans.
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+
 class RunConfig(Strict):
     # The domain's own model (registry.py), chosen by `name`; serialised with all its fields.
     domain: SerializeAsAny[DomainBase] = Field(default_factory=lambda: domain_config("rlve"))
@@ -259,6 +273,7 @@ class RunConfig(Strict):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
+    kernels: KernelsConfig = Field(default_factory=KernelsConfig)
     # On-policy methods check prompts, masks and a zero-advantage self-score before training.
     preflight: bool = True
     seed: int = 0

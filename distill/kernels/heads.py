@@ -54,6 +54,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from distill.kernels import compiled
+
 # CPU: 220 rows at V=151,936, one chunk of 33k rows at V~1000, where chunking costs nothing.
 CHUNK_BYTES = 128 * 2**20
 # GPU: 2,048 rows at V=151,936 on an 80-141 GB device (the measured best), fewer on a small one.
@@ -170,11 +172,20 @@ def _forward_pass(
     top_ids_N_k = torch.empty(n_rows, topk, dtype=torch.long, device=device)
     top_lp_N_k = torch.empty(n_rows, topk, dtype=torch.float32, device=device)
     entropy_N = torch.empty(n_rows if entropy else 0, dtype=torch.float32, device=device)
-    buf_R_V = torch.empty(min(chunk, n_rows), weight_V_H.shape[0], dtype=torch.float32, device=device)
+    outs = gathered_N_K, lse_N, top_ids_N_k, top_lp_N_k, entropy_N
+    fused = compiled.active(device)
+    # Compiled: a bucket-sized block (kernels/compiled.py), zeroed so its padding rows are finite.
+    buf_rows = compiled.bucket_rows(min(chunk, n_rows), chunk) if fused else min(chunk, n_rows)
+    buf_R_V = (torch.zeros if fused else torch.empty)(
+        buf_rows, weight_V_H.shape[0], dtype=torch.float32, device=device
+    )
     with torch.autocast(device.type, enabled=False):  # autocast would round the logits to bf16
         for start in range(0, n_rows, chunk):
             rows = slice(start, start + chunk)
             logits_C_V = chunk_logits(hidden_N_H[rows], weight_c_V_H, bias32_V, inv_temp, buf_R_V)
+            if fused:
+                _fused_reduce(buf_R_V, logits_C_V.shape[0], ids_N_K, rows, chunk, topk, entropy, outs)
+                continue
             # Gather and top-k read the logits before `_lse_inplace` overwrites them.
             gathered_N_K[rows] = logits_C_V.gather(1, ids_N_K[rows])
             if topk:
@@ -182,7 +193,28 @@ def _forward_pass(
             lse_N[rows] = _lse_inplace(logits_C_V, entropy_N[rows] if entropy else None)
             if topk:
                 top_lp_N_k[rows] = top_val_C_k - lse_N[rows, None]
-    return gathered_N_K, lse_N, top_ids_N_k, top_lp_N_k, entropy_N
+    return outs
+
+
+def _fused_reduce(
+    buf_R_V: Tensor,
+    n: int,
+    ids_N_K: Tensor,
+    rows: slice,
+    chunk: int,
+    topk: int,
+    entropy: bool,
+    outs: tuple[Tensor, Tensor, Tensor, Tensor, Tensor],
+) -> None:
+    """The compiled reduction of one chunk's `n` rows of logits into the pass's outputs."""
+    gathered_N_K, lse_N, top_ids_N_k, top_lp_N_k, entropy_N = outs
+    block_B_V = buf_R_V[: compiled.bucket_rows(n, chunk)]
+    gathered, lse, top_lp, top_ids, ent = compiled.reduce_block(block_B_V, n, ids_N_K[rows], topk, entropy)
+    gathered_N_K[rows], lse_N[rows] = gathered, lse
+    if top_lp is not None and top_ids is not None:
+        top_lp_N_k[rows], top_ids_N_k[rows] = top_lp, top_ids
+    if ent is not None:
+        entropy_N[rows] = ent
 
 
 def _dlogits_block(

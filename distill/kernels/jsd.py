@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from distill.kernels import compiled
 from distill.kernels.heads import chunk_logits, default_chunk_rows
 
 
@@ -70,6 +71,47 @@ def _block_logprobs(
     return h_C_H, ls, lt
 
 
+def _fused_rows(
+    hs: Tensor,
+    ht: Tensor,
+    heads: tuple[Tensor | None, ...],
+    rows: slice,
+    inv_temp: float,
+    blocks: list[Tensor],
+    beta: float,
+    chunk: int,
+) -> Tensor:
+    """One chunk's per-row divergence through the compiled reduction (kernels/compiled.py): the
+    two heads' logits into the bucket-sized blocks, then one fused pass over both."""
+    ws, bs, wt, bt = heads
+    assert ws is not None and wt is not None
+    student_C_V = chunk_logits(hs[rows].float(), ws, bs, inv_temp, blocks[0])
+    chunk_logits(ht[rows].float(), wt, bt, inv_temp, blocks[1])
+    n = student_C_V.shape[0]
+    bucket = compiled.bucket_rows(n, chunk)
+    return compiled.jsd_rows(blocks[0][:bucket], blocks[1][:bucket], n, beta)
+
+
+def _fused_grad(
+    h_C_H: Tensor,
+    ht_C_H: Tensor,
+    heads: tuple[Tensor | None, ...],
+    inv_temp: float,
+    blocks: list[Tensor],
+    beta: float,
+    chunk: int,
+    scale: Tensor,
+) -> Tensor:
+    """One chunk's d loss / d student logits through the compiled gradient (kernels/compiled.py)."""
+    ws, bs, wt, bt = heads
+    assert ws is not None and wt is not None
+    chunk_logits(h_C_H, ws, bs, inv_temp, blocks[0])
+    chunk_logits(ht_C_H, wt, bt, inv_temp, blocks[1])
+    n = h_C_H.shape[0]
+    bucket = compiled.bucket_rows(n, chunk)
+    return compiled.jsd_grad(blocks[0][:bucket], blocks[1][:bucket], n, beta, scale)
+
+
 class _ChunkedJSD(torch.autograd.Function):
     """Sum over rows of the generalised JSD, both heads per chunk in reused blocks; the student's
     chunk is recomputed in backward. Only the student's hidden states and head get gradients."""
@@ -87,15 +129,24 @@ class _ChunkedJSD(torch.autograd.Function):
         inv_temp: float,
         chunk: int,
     ) -> Tensor:
-        blocks = [
-            torch.empty(min(chunk, hs.shape[0]), ws.shape[0], dtype=torch.float32, device=hs.device)
-            for _ in range(4)
-        ]
+        fused = compiled.active(hs.device)
+        if fused:  # two bucket-sized logits blocks, zeroed so their padding rows are finite
+            rows = compiled.bucket_rows(min(chunk, hs.shape[0]), chunk)
+            blocks = [torch.zeros(rows, ws.shape[0], dtype=torch.float32, device=hs.device) for _ in range(2)]
+        else:
+            blocks = [
+                torch.empty(min(chunk, hs.shape[0]), ws.shape[0], dtype=torch.float32, device=hs.device)
+                for _ in range(4)
+            ]
         total = torch.zeros((), dtype=torch.float32, device=hs.device)
         heads = _fp32(ws), _fp32(bs), _fp32(wt), _fp32(bt)
         with torch.no_grad(), torch.autocast(hs.device.type, enabled=False):
             for start in range(0, hs.shape[0], chunk):
-                _, ls, lt = _block_logprobs(hs, ht, heads, slice(start, start + chunk), inv_temp, blocks)
+                rows_slice = slice(start, start + chunk)
+                if fused:
+                    total += _fused_rows(hs, ht, heads, rows_slice, inv_temp, blocks, beta, chunk).sum()
+                    continue
+                _, ls, lt = _block_logprobs(hs, ht, heads, rows_slice, inv_temp, blocks)
                 total += _jsd_block(ls, lt, beta, blocks[2], blocks[3])[0].sum()
         ctx.save_for_backward(hs, ws, bs, ht, wt, bt)
         ctx.beta, ctx.inv_temp, ctx.chunk = beta, inv_temp, chunk
@@ -114,13 +165,24 @@ class _ChunkedJSD(torch.autograd.Function):
         grad_bs = None if bs is None else torch.zeros(ws.shape[0], dtype=torch.float32, device=hs.device)
         ws32 = ws.float()
         heads = ws32, _fp32(bs), _fp32(wt), _fp32(bt)
+        fused = compiled.active(hs.device)
+        if fused:
+            bucket = compiled.bucket_rows(min(chunk, hs.shape[0]), chunk)
+            blocks = [
+                torch.zeros(bucket, ws.shape[0], dtype=torch.float32, device=hs.device) for _ in range(2)
+            ]
+        scale = (grad_total * inv_temp).float()
         with torch.no_grad(), torch.autocast(hs.device.type, enabled=False):
             for start in range(0, hs.shape[0], chunk):
                 rows = slice(start, start + chunk)
-                h_C_H, ls, lt = _block_logprobs(hs, ht, heads, rows, inv_temp, blocks)
-                _, g = _jsd_block(ls, lt, ctx.beta, blocks[2], blocks[3])
-                p_s = ls.exp_()  # the student block is not needed as log-probabilities any more
-                dz = g.sub_((p_s * g).sum(-1, keepdim=True)).mul_(p_s).mul_(grad_total * inv_temp)
+                if fused:
+                    h_C_H = hs[rows].float()
+                    dz = _fused_grad(h_C_H, ht[rows].float(), heads, inv_temp, blocks, ctx.beta, chunk, scale)
+                else:
+                    h_C_H, ls, lt = _block_logprobs(hs, ht, heads, rows, inv_temp, blocks)
+                    _, g = _jsd_block(ls, lt, ctx.beta, blocks[2], blocks[3])
+                    p_s = ls.exp_()  # the student block is not needed as log-probabilities any more
+                    dz = g.sub_((p_s * g).sum(-1, keepdim=True)).mul_(p_s).mul_(scale)
                 grad_hs[rows] = dz @ ws32
                 grad_ws.addmm_(dz.t(), h_C_H)
                 if grad_bs is not None:

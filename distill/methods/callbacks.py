@@ -17,6 +17,7 @@ from transformers import TrainerCallback
 
 from distill import requeue
 from distill.hardware import model_shape, reset_gpu_peak, step_metrics
+from distill.kernels import compiled
 from distill.kernels.heads import default_chunk_rows, head_shape
 from distill.kernels.sharded import full_weights, track_optimizer
 from distill.launch import (
@@ -137,6 +138,8 @@ class DistillCallback(TrainerCallback):
         # this line itself counts in the next one.
         metrics["perf/tracking_s"] = self.ctx.log.spent
         self.ctx.log.spent = 0.0
+        if compiled.compiled_graphs():  # shapes compiled so far: flat after warm-up, or it recompiles
+            metrics["perf/compiled_graphs"] = float(compiled.compiled_graphs())
         tokens = metrics.pop("_tokens", None)
         seq_len = metrics.pop("_seq_len_max", 0.0)  # the longest row of any rank (reduce_metrics)
         if tokens is not None and self._last_step_time > 0:
