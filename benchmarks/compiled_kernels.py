@@ -77,7 +77,7 @@ def jsd_case(vocab: int, hidden: int, rows: int, rounds: int, warmup: int) -> st
             loss = chunked_jsd(hs, ht, (ws, None), (wt, None), beta)
             loss.backward()
             assert hs.grad is not None and ws.grad is not None
-            out[mode] = (float(loss), hs.grad.clone(), ws.grad.clone())
+            out[mode] = (float(loss.detach()), hs.grad.clone(), ws.grad.clone())
         worst["loss"] = max(worst["loss"], abs(out["off"][0] - out["on"][0]))
         for k in (1, 2):
             rel = float((out["on"][k] - out["off"][k]).abs().max() / out["off"][k].abs().max())
