@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tiny_runs import two_teachers_config
 
 from distill import prepare
-from distill.config import resolve_config
 from distill.engines.hf import HFEngine, load_tokenizer
 from distill.engines.placement import Machine, PlacementError
 from distill.engines.worker import WorkerEngine
@@ -18,24 +18,10 @@ from distill.settings import get_settings
 pytestmark = pytest.mark.integration
 
 
-def _two_teachers(tiny_zoo: Any, *overrides: str) -> Any:
-    return resolve_config(
-        "rlve,dapo",
-        "opd",
-        None,
-        [
-            f"student.name={tiny_zoo.student}",
-            f"teachers.rlve.name={tiny_zoo.teacher}",
-            f"teachers.dapo.name={tiny_zoo.teacher_llama}",
-            *overrides,
-        ],
-    )
-
-
 def test_async_teachers_are_loaded_once_each_in_its_own_worker(tiny_zoo: Any) -> None:
     """rollout.async_teacher: each hf teacher's engine is its worker process (the weights there and
     nowhere else), one worker a teacher; without it, each teacher is loaded in this process."""
-    config = _two_teachers(tiny_zoo, "rollout.async_teacher=true", "threads=1")
+    config = two_teachers_config(tiny_zoo, "rollout.async_teacher=true", "threads=1")
     teachers = prepare.load_teachers(config, get_settings())
     try:
         assert all(isinstance(engine, WorkerEngine) for engine in teachers.values())
@@ -48,11 +34,13 @@ def test_async_teachers_are_loaded_once_each_in_its_own_worker(tiny_zoo: Any) ->
         for engine in teachers.values():
             engine.close()  # type: ignore[attr-defined]
     # Two domains naming one teacher share one worker.
-    shared = _two_teachers(tiny_zoo, "rollout.async_teacher=true", f"teachers.dapo.name={tiny_zoo.teacher}")
+    shared = two_teachers_config(
+        tiny_zoo, "rollout.async_teacher=true", f"teachers.dapo.name={tiny_zoo.teacher}"
+    )
     assert prepare.worker_slots(shared) == {"rlve": (0, 1), "dapo": (0, 1)}
-    plain = prepare.load_teachers(_two_teachers(tiny_zoo), get_settings())
+    plain = prepare.load_teachers(two_teachers_config(tiny_zoo), get_settings())
     assert all(isinstance(engine, HFEngine) for engine in plain.values())
-    assert prepare.worker_slots(_two_teachers(tiny_zoo)) == {}
+    assert prepare.worker_slots(two_teachers_config(tiny_zoo)) == {}
 
 
 class Loaded(HFEngine):
@@ -73,7 +61,7 @@ def test_load_engine_puts_each_teacher_worker_on_a_spare_gpu_and_the_rest_on_the
     monkeypatch.setattr(prepare, "this_machine", lambda: Machine(gpus=3))
     monkeypatch.setattr(prepare, "WorkerEngine", Loaded)
     monkeypatch.setattr(prepare.HFEngine, "load", classmethod(lambda cls, path, *a, **k: Loaded(path, **k)))
-    config = _two_teachers(tiny_zoo, "rollout.async_teacher=true")
+    config = two_teachers_config(tiny_zoo, "rollout.async_teacher=true")
     teachers = prepare.load_teachers(config, get_settings())
     assert {part: engine.device for part, engine in teachers.items()} == {"rlve": "cuda:1", "dapo": "cuda:2"}  # type: ignore[attr-defined]
     assert prepare.model_devices(config) == {
@@ -82,7 +70,7 @@ def test_load_engine_puts_each_teacher_worker_on_a_spare_gpu_and_the_rest_on_the
         "teachers.dapo.device": "cuda:2",
     }
     assert prepare.load_student(config, get_settings()).device == "cuda:0"  # type: ignore[attr-defined]
-    synchronous = prepare.load_teachers(_two_teachers(tiny_zoo), get_settings())
+    synchronous = prepare.load_teachers(two_teachers_config(tiny_zoo), get_settings())
     assert {engine.device for engine in synchronous.values()} == {"cuda:0"}  # type: ignore[attr-defined]
     # Two spare GPUs for two workers of each of two trainer processes: refused before the run.
     monkeypatch.setattr(prepare, "this_machine", lambda: Machine(gpus=4, local_world_size=2))

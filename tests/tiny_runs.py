@@ -31,3 +31,15 @@ def tiny_run_overrides(tiny_zoo: Any, name: str, mixed: bool, eval_teacher: bool
         "threads=1",
         f"tracking.run_name={name}",
     ]
+
+
+def two_teachers_config(tiny_zoo: Any, *overrides: str) -> Any:
+    """An OPD config over rlve and dapo: rlve's teacher of the student's family, dapo's of another."""
+    from distill.config import resolve_config
+
+    models = [
+        f"student.name={tiny_zoo.student}",
+        f"teachers.rlve.name={tiny_zoo.teacher}",
+        f"teachers.dapo.name={tiny_zoo.teacher_llama}",
+    ]
+    return resolve_config("rlve,dapo", "opd", None, [*models, *overrides])

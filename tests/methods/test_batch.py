@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_runs import two_teachers_config
 
-from distill.config import OPDMethod, Sampling, resolve_config
+from distill.config import OPDMethod, Sampling
 from distill.domains import build_domain
 from distill.domains.mixed import part_of
 from distill.engines.base import right_pad
@@ -48,20 +49,13 @@ def test_an_id_under_padding_is_not_an_outside_id() -> None:
 
 def _mixed_run(tiny_zoo: Any, tmp_path: Path) -> tuple[RunContext, dict[str, TeacherSide]]:
     """A run over rlve and dapo: rlve's teacher of the student's family, dapo's of another."""
-    config = resolve_config(
-        "rlve,dapo",
-        "opd",
-        None,
-        [
-            f"student.name={tiny_zoo.student}",
-            f"teachers.rlve.name={tiny_zoo.teacher}",
-            f"teachers.dapo.name={tiny_zoo.teacher_llama}",
-            "domain.train_size=16",
-            "domain.parts.rlve.train_size=8",
-            "domain.parts.dapo.train_size=8",
-            "method.top_k=6",
-            "preflight=false",
-        ],
+    config = two_teachers_config(
+        tiny_zoo,
+        "domain.train_size=16",
+        "domain.parts.rlve.train_size=8",
+        "domain.parts.dapo.train_size=8",
+        "method.top_k=6",
+        "preflight=false",
     )
     method = config.method
     assert isinstance(method, OPDMethod)
