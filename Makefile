@@ -78,8 +78,13 @@ else
 	fi
 endif
 
+# Two pytest workers (pytest-xdist), a test file each at a time: most of the suite's time is
+# process start-up, waits on servers and one-thread runs, which a second worker overlaps on two
+# cores. PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 2
 test: $(VENV)/.compiled vllm-for-tests slurm-for-tests
-	HF_HUB_OFFLINE=1 DISTILL_VLLM_VENV=$(abspath $(VLLM_VENV)) $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 DISTILL_VLLM_VENV=$(abspath $(VLLM_VENV)) $(BIN)/python -m pytest -q \
+	  -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
 lint: install
 	$(BIN)/ruff check distill tests

@@ -18,6 +18,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 for _setting in ("DISTILL_ZOO_DIR", "DISTILL_TRACKING_URI", "DISTILL_REMOTE"):
     os.environ.pop(_setting, None)
 
+# `import dvc` installs dvc's log handlers on the streams of that moment: here, the session's, not
+# those of a test that imported it first inside a captured stream closed after it (CliRunner).
+import dvc  # noqa: E402, F401
+
 from distill.config import DomainBase  # noqa: E402
 from distill.domains.rlve.config import RLVEDomainConfig  # noqa: E402
 from distill.zoo.recipes import ModelRecipe, TokenizerRecipe  # noqa: E402

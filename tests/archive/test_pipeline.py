@@ -58,9 +58,10 @@ def _project(tmp_path: Path, tiny_zoo) -> Path:
     )
     params["eval"].update(items=8, max_new_tokens=16)
     (proj / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    from dvc.repo import Repo
-
-    Repo.init(str(proj), no_scm=True).close()
+    # In its own process: dvc's logger keeps the stream of the first test that set it up in this
+    # process, which pytest may have closed since.
+    init = _dvc(["init", "--no-scm"], proj)
+    assert init.returncode == 0, init.stderr[-2000:]
     return proj
 
 
