@@ -71,45 +71,33 @@ def _block_logprobs(
     return h_C_H, ls, lt
 
 
-def _fused_rows(
-    hs: Tensor,
-    ht: Tensor,
-    heads: tuple[Tensor | None, ...],
-    rows: slice,
-    inv_temp: float,
-    blocks: list[Tensor],
-    beta: float,
-    chunk: int,
-) -> Tensor:
-    """One chunk's per-row divergence through the compiled reduction (kernels/compiled.py): the
-    two heads' logits into the bucket-sized blocks, then one fused pass over both."""
-    ws, bs, wt, bt = heads
-    assert ws is not None and wt is not None
-    student_C_V = chunk_logits(hs[rows].float(), ws, bs, inv_temp, blocks[0])
-    chunk_logits(ht[rows].float(), wt, bt, inv_temp, blocks[1])
-    n = student_C_V.shape[0]
-    bucket = compiled.bucket_rows(n, chunk)
-    return compiled.jsd_rows(blocks[0][:bucket], blocks[1][:bucket], n, beta)
+def _blocks(hs: Tensor, vocab: int, chunk: int, fused: bool) -> list[Tensor]:
+    """The pass's reused fp32 blocks: four of a chunk's rows eager; compiled, two of its bucket's
+    rows (kernels/compiled.py), zeroed so their padding rows are finite."""
+    rows = min(chunk, hs.shape[0])
+    if fused:
+        bucket = compiled.bucket_rows(rows, chunk)
+        return [torch.zeros(bucket, vocab, dtype=torch.float32, device=hs.device) for _ in range(2)]
+    return [torch.empty(rows, vocab, dtype=torch.float32, device=hs.device) for _ in range(4)]
 
 
-def _fused_grad(
+def _bucket_logits(
     h_C_H: Tensor,
     ht_C_H: Tensor,
     heads: tuple[Tensor | None, ...],
     inv_temp: float,
     blocks: list[Tensor],
-    beta: float,
     chunk: int,
-    scale: Tensor,
-) -> Tensor:
-    """One chunk's d loss / d student logits through the compiled gradient (kernels/compiled.py)."""
+) -> tuple[Tensor, Tensor, int]:
+    """One chunk's two heads' logits written into the bucket-sized blocks, for the compiled
+    reductions: the student's and the teacher's bucket views and the chunk's row count."""
     ws, bs, wt, bt = heads
     assert ws is not None and wt is not None
     chunk_logits(h_C_H, ws, bs, inv_temp, blocks[0])
     chunk_logits(ht_C_H, wt, bt, inv_temp, blocks[1])
     n = h_C_H.shape[0]
     bucket = compiled.bucket_rows(n, chunk)
-    return compiled.jsd_grad(blocks[0][:bucket], blocks[1][:bucket], n, beta, scale)
+    return blocks[0][:bucket], blocks[1][:bucket], n
 
 
 class _ChunkedJSD(torch.autograd.Function):
@@ -130,21 +118,17 @@ class _ChunkedJSD(torch.autograd.Function):
         chunk: int,
     ) -> Tensor:
         fused = compiled.active(hs.device)
-        if fused:  # two bucket-sized logits blocks, zeroed so their padding rows are finite
-            rows = compiled.bucket_rows(min(chunk, hs.shape[0]), chunk)
-            blocks = [torch.zeros(rows, ws.shape[0], dtype=torch.float32, device=hs.device) for _ in range(2)]
-        else:
-            blocks = [
-                torch.empty(min(chunk, hs.shape[0]), ws.shape[0], dtype=torch.float32, device=hs.device)
-                for _ in range(4)
-            ]
+        blocks = _blocks(hs, ws.shape[0], chunk, fused)
         total = torch.zeros((), dtype=torch.float32, device=hs.device)
         heads = _fp32(ws), _fp32(bs), _fp32(wt), _fp32(bt)
         with torch.no_grad(), torch.autocast(hs.device.type, enabled=False):
             for start in range(0, hs.shape[0], chunk):
                 rows_slice = slice(start, start + chunk)
                 if fused:
-                    total += _fused_rows(hs, ht, heads, rows_slice, inv_temp, blocks, beta, chunk).sum()
+                    s_B_V, t_B_V, n = _bucket_logits(
+                        hs[rows_slice].float(), ht[rows_slice].float(), heads, inv_temp, blocks, chunk
+                    )
+                    total += compiled.jsd_rows(s_B_V, t_B_V, n, beta).sum()
                     continue
                 _, ls, lt = _block_logprobs(hs, ht, heads, rows_slice, inv_temp, blocks)
                 total += _jsd_block(ls, lt, beta, blocks[2], blocks[3])[0].sum()
@@ -156,28 +140,21 @@ class _ChunkedJSD(torch.autograd.Function):
     def backward(ctx: Any, grad_total: Tensor) -> tuple[Tensor | None, ...]:
         hs, ws, bs, ht, wt, bt = ctx.saved_tensors
         chunk, inv_temp = ctx.chunk, ctx.inv_temp
-        blocks = [
-            torch.empty(min(chunk, hs.shape[0]), ws.shape[0], dtype=torch.float32, device=hs.device)
-            for _ in range(4)
-        ]
+        fused = compiled.active(hs.device)
+        blocks = _blocks(hs, ws.shape[0], chunk, fused)
         grad_hs = torch.zeros(hs.shape, dtype=torch.float32, device=hs.device)
         grad_ws = torch.zeros(ws.shape, dtype=torch.float32, device=hs.device)
         grad_bs = None if bs is None else torch.zeros(ws.shape[0], dtype=torch.float32, device=hs.device)
         ws32 = ws.float()
         heads = ws32, _fp32(bs), _fp32(wt), _fp32(bt)
-        fused = compiled.active(hs.device)
-        if fused:
-            bucket = compiled.bucket_rows(min(chunk, hs.shape[0]), chunk)
-            blocks = [
-                torch.zeros(bucket, ws.shape[0], dtype=torch.float32, device=hs.device) for _ in range(2)
-            ]
         scale = (grad_total * inv_temp).float()
         with torch.no_grad(), torch.autocast(hs.device.type, enabled=False):
             for start in range(0, hs.shape[0], chunk):
                 rows = slice(start, start + chunk)
                 if fused:
                     h_C_H = hs[rows].float()
-                    dz = _fused_grad(h_C_H, ht[rows].float(), heads, inv_temp, blocks, ctx.beta, chunk, scale)
+                    s_B_V, t_B_V, n = _bucket_logits(h_C_H, ht[rows].float(), heads, inv_temp, blocks, chunk)
+                    dz = compiled.jsd_grad(s_B_V, t_B_V, n, ctx.beta, scale)
                 else:
                     h_C_H, ls, lt = _block_logprobs(hs, ht, heads, rows, inv_temp, blocks)
                     _, g = _jsd_block(ls, lt, ctx.beta, blocks[2], blocks[3])

@@ -138,8 +138,8 @@ class DistillCallback(TrainerCallback):
         # this line itself counts in the next one.
         metrics["perf/tracking_s"] = self.ctx.log.spent
         self.ctx.log.spent = 0.0
-        if compiled.compiled_graphs():  # shapes compiled so far: flat after warm-up, or it recompiles
-            metrics["perf/compiled_graphs"] = float(compiled.compiled_graphs())
+        if graphs := compiled.compiled_graphs():  # shapes compiled so far: flat after warm-up
+            metrics["perf/compiled_graphs"] = float(graphs)
         tokens = metrics.pop("_tokens", None)
         seq_len = metrics.pop("_seq_len_max", 0.0)  # the longest row of any rank (reduce_metrics)
         if tokens is not None and self._last_step_time > 0:
