@@ -13,7 +13,7 @@ from distill.cli.app import app, model_overrides
 from distill.config import ConfigError, resolve_config
 from distill.domains import build_domain
 from distill.domains.base import Item
-from distill.domains.mixed import draw, part_of, shares
+from distill.domains.mixed import alternating_order, draw, part_of, shares, step_plan
 
 
 def test_two_domains_make_one_mixed_config_with_each_parts_own_fields() -> None:
@@ -55,6 +55,19 @@ def test_two_domains_make_one_mixed_config_with_each_parts_own_fields() -> None:
         ),
         ("rlve,dapo", "opd", ["domain.mix.rlve=0"], "mix.rlve: a weight must be > 0"),
         ("rlve,dapo", "opd", ["domain.mix.aime=1"], "mix.aime: aime is not a part of rlve+dapo"),
+        (
+            "rlve,dapo",
+            "opd",
+            ["domain.lr.dapo=1e-3"],
+            "lr: a step trains every domain at once; set domain.alternate=true",
+        ),
+        ("rlve,dapo", "opd", ["domain.alternate=true", "domain.lr.aime=1e-3"], "lr.aime: aime is not a part"),
+        (
+            "rlve,dapo",
+            "opd",
+            ["domain.alternate=true", "domain.lr.dapo=0"],
+            "lr.dapo: a learning rate must be > 0",
+        ),
         (
             "rlve,dapo",
             "opd",
@@ -141,6 +154,31 @@ def test_shares_add_up_to_the_total() -> None:
     assert shares({"a": 1 / 3, "b": 1 / 3, "c": 1 / 3}, 10) == {"a": 4, "b": 3, "c": 3}
     assert shares({"rlve": 1 / 3, "dapo": 2 / 3}, 12288) == {"rlve": 4096, "dapo": 8192}
     assert shares({"rlve": 1 / 3, "dapo": 2 / 3}, 4096) == {"rlve": 1365, "dapo": 2731}
+
+
+def test_alternate_steps_follow_the_weights_spread_over_the_run() -> None:
+    plan = step_plan({"rlve": 1 / 3, "dapo": 2 / 3}, 600)
+    assert Counter(plan) == {"rlve": 200, "dapo": 400}
+    assert plan[:6] == ["dapo", "rlve", "dapo"] * 2
+    # At any step each domain has had its share to within one step.
+    for n in range(1, 601):
+        assert abs(plan[:n].count("rlve") - n / 3) <= 1
+    assert step_plan({"a": 0.5, "b": 0.5}, 4) == ["a", "b", "a", "b"]  # a tie: the first part
+
+
+def test_each_alternate_step_takes_its_domains_items_in_turn() -> None:
+    items = [_item(i, "a") for i in range(5)] + [_item(i, "b") for i in range(3)]
+    order = alternating_order(items, ["a", "b", "a", "b"], 2, seed=0)
+    steps = [[items[i] for i in order[k : k + 2]] for k in range(0, 8, 2)]
+    assert [{part_of(i) for i in step} for step in steps] == [{"a"}, {"b"}, {"a"}, {"b"}]
+    a = [i.id for step in steps[0::2] for i in step]
+    assert len(set(a)) == 4  # a's items without repeats until all 5 are used
+    b = [i.id for step in steps[1::2] for i in step]
+    assert set(b[:3]) == {"b-0", "b-1", "b-2"}  # past b's last item, round again
+    assert alternating_order(items, ["a", "b", "a", "b"], 2, seed=0) == order
+    assert alternating_order(items, ["a", "b", "a", "b"], 2, seed=1) != order
+    with pytest.raises(ValueError, match="no training items of c"):
+        alternating_order(items, ["c"], 2, seed=0)
 
 
 @pytest.mark.integration

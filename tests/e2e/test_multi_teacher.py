@@ -75,3 +75,45 @@ def test_two_domains_two_teachers_one_of_another_family(tmp_path: Path, tiny_zoo
         # Two teachers side by side: the step's teacher time is the slower one's.
         assert r["perf/teacher_time_s"] >= max(r[f"perf/teacher_time_s/{p}"] for p in scored) - 1e-6
         assert 0.0 <= r["perf/overlap_s"] <= r["perf/teacher_time_s"]
+
+
+def test_alternate_steps_each_train_one_domain_at_its_own_lr(tmp_path: Path, tiny_zoo: Any) -> None:
+    ws = tmp_path / "ws"
+    args = [
+        "run",
+        "--domain",
+        "rlve,dapo",
+        "--method",
+        "opd",
+        "--student",
+        str(tiny_zoo.student),
+        "--teacher",
+        str(tiny_zoo.teacher),
+        "domain.train_size=12",
+        "domain.parts.rlve.train_size=8",
+        "domain.parts.dapo.train_size=8",
+        "domain.parts.rlve.eval_size=2",
+        "domain.parts.dapo.eval_size=2",
+        "domain.mix.rlve=1",
+        "domain.mix.dapo=2",
+        "domain.alternate=true",
+        "domain.lr.dapo=3e-4",
+        "optim.lr=1e-4",
+        "optim.scheduler=constant",
+        "optim.max_steps=3",
+        "checkpoint.every_steps=0",
+        "rollout.prompts_per_step=2",
+        "rollout.num_generations=2",
+        "rollout.max_new_tokens=8",
+        "method.top_k=4",
+        "eval.max_new_tokens=4",
+        "threads=1",
+    ]
+    proc = _distill(args, ws, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (_only_run(ws) / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "train/loss" in r]
+    # dapo holds 2 of 3 shares: its steps first and third, each step's prompts its domain's alone.
+    trained = [[p for p in ("rlve", "dapo") if f"kl/{p}/reverse_kl_mean" in r] for r in steps]
+    assert trained == [["dapo"], ["rlve"], ["dapo"]]
+    assert [r["train/lr"] for r in steps] == pytest.approx([3e-4, 1e-4, 3e-4])

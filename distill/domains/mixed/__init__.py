@@ -58,6 +58,43 @@ def shares(weights: dict[str, float], total: int) -> dict[str, int]:
     return {name: n + (name in rest) for name, n in out.items()}
 
 
+def step_plan(weights: dict[str, float], steps: int) -> list[str]:
+    """The domain each step trains with `domain.alternate`: each domain's steps in proportion to
+    its weight, spread evenly (every step goes to the domain furthest behind its share, the first
+    on a tie), so the run has trained each about its share at any step, and the schedule's lr
+    falls on every domain alike."""
+    done = dict.fromkeys(weights, 0)
+    plan: list[str] = []
+    for step in range(1, steps + 1):
+        part = max(weights, key=lambda name: weights[name] * step - done[name])
+        done[part] += 1
+        plan.append(part)
+    return plan
+
+
+def alternating_order(items: list[Item], plan: list[str], block: int, seed: int) -> list[int]:
+    """Indices into `items` for `plan`'s steps, `block` prompts a step, each step's all from its
+    own domain: each domain's items in an order shuffled by `seed`, taken in turn (past its last,
+    round again in a new order)."""
+    by_part: dict[str, list[int]] = {}
+    for i, item in enumerate(items):
+        by_part.setdefault(part_of(item), []).append(i)
+    rng = random.Random(seed)
+    queued: dict[str, list[int]] = {name: [] for name in by_part}
+    out: list[int] = []
+    for part in plan:
+        if part not in by_part:
+            raise ValueError(f"the mix has no training items of {part}")
+        queue = queued[part]
+        while len(queue) < block:
+            more = list(by_part[part])
+            rng.shuffle(more)
+            queue += more
+        out += queue[:block]
+        del queue[:block]
+    return out
+
+
 class MixedDomain(Domain):
     """The parts, each a domain of its own, behind one `Domain`."""
 

@@ -18,12 +18,18 @@ class MixConfig(DomainBase):
     `eval_size` and `eval_seed`."""
 
     # How items are drawn, not which items each part has: the parts' cached items stay theirs.
-    runtime_fields: ClassVar[tuple[str, ...]] = ()
+    runtime_fields: ClassVar[tuple[str, ...]] = ("alternate", "lr")
 
     name: str
     parts: dict[str, SerializeAsAny[DomainBase]] = Field(default_factory=dict)
     # Relative weights of the parts' prompts in the training stream; missing: equal.
     mix: dict[str, float] = Field(default_factory=dict)
+    # Each step trains one domain, the domains' steps in proportion to `mix` and spread evenly over
+    # the run, instead of every step holding each domain's share: what lets each learn at its own lr.
+    alternate: bool = False
+    # A domain's learning rate with `alternate`: its steps train at this lr, shaped by
+    # optim.scheduler as every step is; a domain left out trains at optim.lr.
+    lr: dict[str, float] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -63,13 +69,30 @@ class MixConfig(DomainBase):
         bad = [k for k, w in self.mix.items() if not w > 0]
         if bad:
             raise ValueError(f"mix.{bad[0]}: a weight must be > 0 (leave a domain out of the run instead)")
+        self._check_rates()
         return self
+
+    def _check_rates(self) -> None:
+        unknown = [k for k in self.lr if k not in self.parts]
+        if unknown:
+            raise ValueError(f"lr.{unknown[0]}: {unknown[0]} is not a part of {self.name}")
+        bad = [k for k, lr in self.lr.items() if not lr > 0]
+        if bad:
+            raise ValueError(f"lr.{bad[0]}: a learning rate must be > 0")
+        if self.lr and not self.alternate:
+            raise ValueError(
+                "lr: a step trains every domain at once; set domain.alternate=true for a domain's own lr"
+            )
 
     def weights(self) -> dict[str, float]:
         """Each part's share of the training prompts (summing to 1)."""
         raw = {name: self.mix.get(name, 1.0) for name in self.parts}
         total = sum(raw.values())
         return {name: w / total for name, w in raw.items()}
+
+    def rates(self, lr: float) -> dict[str, float]:
+        """Each part's learning rate: its own `lr`, else the run's `lr`."""
+        return {name: self.lr.get(name, lr) for name in self.parts}
 
 
 def _part(name: str, fields: Any) -> DomainBase:
