@@ -281,13 +281,10 @@ def launch_refusal(config: Any, plan: Plan) -> str | None:
             "lora.enabled=true trains adapters on a whole student: use DDP (configs/accelerate/ddp.yaml), "
             "not FSDP or DeepSpeed"
         )
-    if config.teacher.shard:
-        # Every launch holds an hf teacher whole on each rank, for inference only; ignoring the
-        # setting would leave a run that asked for shards holding whole copies.
-        return (
-            "teacher.shard=true: a sharded hf teacher is not supported; each process holds the teacher "
-            "whole for inference, and one too large for a device is served (teacher.engine=server)"
-        )
+    from distill import teacher_shard
+
+    if reason := teacher_shard.refusal(config, plan.strategy):
+        return reason
     field = "optim.batch_size" if config.method.name == "sft" else "rollout.prompts_per_step"
     total = config.optim.batch_size if field == "optim.batch_size" else config.rollout.prompts_per_step
     if total % plan.processes:

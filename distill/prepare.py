@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distill import registry
+from distill import launch, registry
 from distill.config import OPDMethod
 from distill.domains import build_domain
 from distill.domains.mixed import MixedDomain
@@ -20,6 +20,7 @@ from distill.engines.server import ServerEngine
 from distill.engines.templates import apply_chat_template
 from distill.engines.worker import WorkerEngine
 from distill.kernels import compiled
+from distill.kernels.sharded import shard_for_inference
 from distill.methods import get_method
 from distill.methods.budget import context_checks
 from distill.methods.cross_family import crosses
@@ -67,7 +68,14 @@ def load_engine(
         )
     else:
         device = place(spec.device, role, this_machine())
-        engine = HFEngine.load(path, spec.precision, spec.enable_thinking, device=device)
+        if spec.shard and launch.sharded() and launch.world_size() > 1:
+            # `teacher.shard=true` (teacher_shard.py has refused what it cannot run under): loaded
+            # in host memory, then split over the ranks, each moving only its shard (and one
+            # layer at a time while splitting) to its device; a one-process preflight keeps it whole.
+            engine = HFEngine.load(path, spec.precision, spec.enable_thinking, device="cpu")
+            engine.model = shard_for_inference(engine.model, launch.strategy())
+        else:
+            engine = HFEngine.load(path, spec.precision, spec.enable_thinking, device=device)
     apply_chat_template(
         engine.tokenizer, spec.chat_template, spec.name, "student" if role == "student" else "teacher"
     )

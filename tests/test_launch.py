@@ -165,10 +165,13 @@ def test_launch_refusals_name_the_fields(tmp_path: Path) -> None:
     assert "lora.enabled=true" in str(launch.launch_refusal(lora, fsdp))
     assert launch.launch_refusal(lora, launch.Plan("ddp", 2)) is None
     assert "fsdp_version=1" in str(launch.launch_refusal(opd, launch.Plan("fsdp1", 2)))
-    # A sharded hf teacher is not built: refused under every launch rather than silently whole.
-    shard = resolve_config("rlve", "opd", None, ["teacher.shard=true"])
-    for plan in (launch.Plan("single", 1), launch.Plan("ddp", 2), fsdp):
-        assert str(launch.launch_refusal(shard, plan)).startswith("teacher.shard=true: a sharded hf teacher")
+    # A sharded teacher needs an FSDP2 or ZeRO-3 launch (tests/test_teacher_shard.py: every line).
+    shard = resolve_config(
+        "rlve", "opd", None, ["teacher.shard=true", "rollout.async_teacher=false", "eval.eval_teacher=false"]
+    )
+    assert launch.launch_refusal(shard, fsdp) is None
+    for plan in (launch.Plan("single", 1), launch.Plan("ddp", 2)):
+        assert str(launch.launch_refusal(shard, plan)).startswith("teacher.shard=true splits the teacher")
 
 
 def test_zero3_without_deepspeed_is_refused_naming_the_package(monkeypatch: pytest.MonkeyPatch) -> None:

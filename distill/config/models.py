@@ -56,10 +56,10 @@ class ModelConfig(Strict):
     # A Jinja chat-template file for a tokenizer that has none (or whose own should not be used):
     # a tokenizer without a template is refused rather than given a silent default.
     chat_template: str | None = None
-    # Sharding a model for inference is not built: under FSDP2 / ZeRO-3 an hf teacher is whole on
-    # every rank (inference only) and one too big for a device is served (teacher.engine=server).
-    # `teacher.shard=true` is refused in one line (launch.py), `student.shard` too (the launcher
-    # shards the student).
+    # teacher.shard=true: an hf teacher split over the ranks of an FSDP2 or ZeRO-3 launch for
+    # inference (1/N of its weights on each, gathered a layer at a time), for OPD's scoring; where
+    # it cannot run it is refused in one line (teacher_shard.py). False: whole on every rank.
+    # `student.shard` is refused (the launcher shards the student).
     shard: bool = False
 
     @model_validator(mode="after")

@@ -7,7 +7,7 @@ the device `load` is given (engines/placement.py decides which); inputs follow i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,9 +18,18 @@ from distill.engines.context import ContextError, context_length, room
 from distill.kernels.heads import (
     head_gather,
     head_gather_topk,
+    head_module,
+    head_shape,
     output_head,
     scatter_positions,
     select_positions,
+)
+from distill.kernels.sharded import (
+    agreed_count,
+    head_call,
+    inference_forward,
+    inference_sharded,
+    local_shard,
 )
 from distill.kernels.states import completion_states
 from distill.progress import hf_bars_off
@@ -123,7 +132,10 @@ class HFEngine(ChatPrompts):
             "engine": "hf",
             "path": str(model.name_or_path),
             "class": type(model).__name__,
-            "params": sum(p.numel() for p in model.parameters()),
+            # ZeRO-3 leaves a parameter 0 elements outside its forward (its `ds_numel` is whole).
+            "params": sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters()),
+            # This process's bytes of them: its shard where they are split over the ranks.
+            "param_bytes": sum(local_shard(p).numel() * p.element_size() for p in model.parameters()),
             "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
             "vocab": len(self.tokenizer),
             # Where the weights are when asked (the manifest's `models.<role>.device`).
@@ -273,7 +285,8 @@ class HFEngine(ChatPrompts):
         """Log-probability of every completion token given its prompt (and, with `top_k`, the
         model's top-k there; with `states`, its final hidden states there), right-padded [B, T]
         tensors on the model's device: hidden states once, the head applied per chunk of
-        positions (kernels/heads.py), never [B, T, vocab]."""
+        positions (kernels/heads.py), never [B, T, vocab]. A model sharded for inference
+        (kernels/sharded.py) runs as many passes as the rank with the most, in step with them."""
         import torch
 
         comp_B_T, mask_B_T = self._completions(prompt_ids, completion_ids)
@@ -281,29 +294,31 @@ class HFEngine(ChatPrompts):
         logprobs_B_T = torch.zeros(comp_B_T.shape, dtype=torch.float32, device=device)
         top_ids = torch.zeros((*comp_B_T.shape, top_k), dtype=torch.long, device=device)
         top_logps = torch.zeros((*comp_B_T.shape, top_k), dtype=torch.float32, device=device)
-        weight, bias = output_head(self.model)
+        # The head module's sizes: a ZeRO-3 teacher's weight holds none of its rows here.
+        hidden_size, dtype = head_shape(self.model)[1], head_module(self.model).weight.dtype
         states_B_T_H = (
-            torch.zeros((*comp_B_T.shape, weight.shape[1]), dtype=weight.dtype, device=device)
-            if states
-            else None
+            torch.zeros((*comp_B_T.shape, hidden_size), dtype=dtype, device=device) if states else None
         )
+        chunks = self._chunks(prompt_ids, comp_B_T, batch_size)
         # Scores are data, never part of a graph: a gradient through them would reach the head
         # (an advantage built from the student's scores would pull on the student's weights).
         with torch.no_grad():
-            for rows, hidden_b_T_H in self._states(prompt_ids, comp_B_T, mask_B_T, batch_size):
-                if states_B_T_H is not None:
-                    states_B_T_H[rows] = hidden_b_T_H
-                mask_b_T = mask_B_T[rows]
-                targets_N_1 = select_positions(comp_B_T[rows], mask_b_T)[:, None]
-                hidden_N_H = select_positions(hidden_b_T_H, mask_b_T)
-                if top_k:
-                    gathered_N_1, lse_N, ids_N_K, logps_N_K = head_gather_topk(
-                        hidden_N_H, weight, bias, targets_N_1, top_k
+            for i in range(agreed_count(self.model, len(chunks))):
+                if i >= len(chunks):  # another rank's pass: a throwaway one, run in step with it
+                    inference_forward(
+                        self.model, self._pass, prompt_ids, comp_B_T, mask_B_T, slice(0, 1), 0, False
                     )
+                    continue
+                rows = chunks[i]
+                hidden_b_T_H, gathered_N_1, lse_N, ids_N_K, logps_N_K = inference_forward(
+                    self.model, self._pass, prompt_ids, comp_B_T, mask_B_T, rows, top_k, states
+                )
+                mask_b_T = mask_B_T[rows]
+                if states_B_T_H is not None and hidden_b_T_H is not None:
+                    states_B_T_H[rows] = hidden_b_T_H
+                if ids_N_K is not None and logps_N_K is not None:
                     top_ids[rows] = scatter_positions(ids_N_K, mask_b_T, fill=0)
                     top_logps[rows] = scatter_positions(logps_N_K, mask_b_T)
-                else:
-                    gathered_N_1, lse_N = head_gather(hidden_N_H, weight, bias, targets_N_1)
                 logprobs_B_T[rows] = scatter_positions(gathered_N_1[:, 0] - lse_N, mask_b_T)
         scores = TokenScores(
             logprobs_B_T,
@@ -338,29 +353,44 @@ class HFEngine(ChatPrompts):
         comp_B_T, mask_B_T = right_pad(completion_ids, int(self.tokenizer.pad_token_id))
         return comp_B_T.to(self.model.device), mask_B_T.to(self.model.device)
 
-    def _states(
+    def _chunks(
+        self, prompt_ids: Sequence[Sequence[int]], comp_B_T: torch.Tensor, batch_size: int | None
+    ) -> list[slice]:
+        """The rows of each scoring pass: `batch_size` at a time, or as many as SCORE_TOKENS hold."""
+        width = max((len(p) for p in prompt_ids), default=0) + comp_B_T.shape[1]
+        size = batch_size or max(1, SCORE_TOKENS // max(width, 1))
+        return [slice(start, start + size) for start in range(0, len(prompt_ids), size)]
+
+    def _pass(
         self,
         prompt_ids: Sequence[Sequence[int]],
         comp_B_T: torch.Tensor,
         mask_B_T: torch.Tensor,
-        batch_size: int | None,
-    ) -> Iterator[tuple[slice, torch.Tensor]]:
-        """(rows, hidden states at those rows' completion positions), `batch_size` rows at a time."""
-        import torch
+        rows: slice,
+        top_k: int,
+        states: bool,
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """One scoring pass over `rows`: with `states` their hidden states at the completion
+        positions, and from the head the targets' logits and each position's logsumexp (and
+        top-k), [N, ...] over the positions the mask keeps."""
+        prompt_b_P, prompt_mask_b_P = self.left_pad(prompt_ids[rows])
+        device = self.model.device
+        hidden_b_T_H = completion_states(
+            self.model, prompt_b_P.to(device), prompt_mask_b_P.to(device), comp_B_T[rows], mask_B_T[rows]
+        )
+        mask_b_T = mask_B_T[rows]
+        targets_N_1 = select_positions(comp_B_T[rows], mask_b_T)[:, None]
 
-        width = max((len(p) for p in prompt_ids), default=0) + comp_B_T.shape[1]
-        size = batch_size or max(1, SCORE_TOKENS // max(width, 1))
-        for start in range(0, len(prompt_ids), size):
-            rows = slice(start, start + size)
-            prompt_b_P, prompt_mask_b_P = self.left_pad(prompt_ids[rows])
-            device = self.model.device
-            # no_grad, not inference_mode: a trainer's loss may save what is computed from these.
-            with torch.no_grad():
-                hidden = completion_states(
-                    self.model,
-                    prompt_b_P.to(device),
-                    prompt_mask_b_P.to(device),
-                    comp_B_T[rows],
-                    mask_B_T[rows],
-                )
-            yield rows, hidden
+        def passes(hidden_N_H: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+            if top_k:
+                return head_gather_topk(hidden_N_H, weight, bias, targets_N_1, top_k)
+            return (*head_gather(hidden_N_H, weight, bias, targets_N_1), None, None)
+
+        hidden_N_H = select_positions(hidden_b_T_H, mask_b_T)
+        kept_b_T_H = hidden_b_T_H if states else None
+        if not inference_sharded(self.model):
+            return kept_b_T_H, *passes(hidden_N_H, *output_head(self.model))
+        # The head gathered for the pass (kernels/sharded.py); a copy of the states, not a view of
+        # the decoder's output, leaves the forward's hooks (a view would lose them).
+        kept_b_T_H = None if kept_b_T_H is None else kept_b_T_H.clone()
+        return kept_b_T_H, *head_call(self.model, passes, hidden_N_H)

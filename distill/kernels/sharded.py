@@ -19,6 +19,11 @@ of it (a 0-element tensor), so the head's passes (heads.py) cannot read the weig
   for generation the same way (`ds3_gather_for_generation`).
 
 With one process or DDP both are plain calls: the parameters are whole on every rank.
+
+A teacher sharded for inference (`teacher.shard=true`, `shard_for_inference`) is split the same
+way over the ranks of an FSDP2 or ZeRO-3 launch, with no gradients and no optimizer state, and is
+never gathered whole: each of its forwards gathers one layer at a time, so it is a collective
+every rank runs in step (`inference_forward`, `agreed_count`).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any, TypeVar
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, WeakSet
 
 import torch
 from torch import Tensor
@@ -36,6 +41,7 @@ from torch.distributed.tensor import DTensor
 from distill.kernels.heads import head_module, output_head
 
 T = TypeVar("T")
+M = TypeVar("M", bound=torch.nn.Module)
 
 
 def _fsdp_modules(model: torch.nn.Module) -> list[Any]:
@@ -243,3 +249,120 @@ def track_optimizer(model: torch.nn.Module, optimizer: Any) -> None:
     inner = getattr(optimizer, "optimizer", optimizer)
     if sharding_of(model) == "zero3" and hasattr(inner, "parameter_offload"):
         _ZERO3_OPTIMIZERS[model] = inner
+
+
+# Teachers split over the ranks for inference (`shard_for_inference`); a ZeRO-3 one keeps its
+# DeepSpeed engine here, the owner of the hooks that gather its weights.
+_INFERENCE_SHARDED: WeakSet[torch.nn.Module] = WeakSet()
+_INFERENCE_ENGINES: WeakKeyDictionary[torch.nn.Module, Any] = WeakKeyDictionary()
+
+
+def shard_for_inference(model: M, kind: str) -> M:
+    """`model` split over the ranks for inference only (`kind`: `fsdp` or `zero3`, the launch's
+    own): frozen, in eval mode, no optimizer. FSDP2: each decoder layer (`_no_split_modules`) a
+    group, the embeddings, final norm and head the root's (tied ones stay one parameter), every
+    group resharded after its forward. ZeRO-3: DeepSpeed's partitioning without an optimizer, as
+    TRL prepares its reference model (`trl.models.utils.prepare_deepspeed`)."""
+    model.requires_grad_(False)
+    model.eval()
+    if kind == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        layers = set(getattr(model, "_no_split_modules", None) or ())
+        if not layers:
+            raise ValueError(f"teacher.shard=true: {type(model).__name__} names no decoder layer to shard")
+        for module in list(model.modules()):
+            if type(module).__name__ in layers:
+                fully_shard(module, reshard_after_forward=True)
+        # True, not the root's default: the root would otherwise keep the embeddings and head
+        # whole after its forward, waiting for a backward that never comes.
+        fully_shard(model, reshard_after_forward=True)
+    elif kind == "zero3":
+        import deepspeed
+
+        engine, *_ = deepspeed.initialize(model=model, config=_zero3_inference_config(model))
+        _INFERENCE_ENGINES[model] = engine
+    else:
+        raise ValueError(f"teacher.shard=true needs an FSDP2 or ZeRO-3 launch, not {kind}")
+    _INFERENCE_SHARDED.add(model)
+    return model
+
+
+def _zero3_inference_config(model: torch.nn.Module) -> dict[str, Any]:
+    """The launch's DeepSpeed config (accelerate's, from `accelerate launch`'s environment) for a
+    model that only runs forwards: no optimizer, scheduler or optimizer offload (as TRL drops
+    them), one sample a micro-batch for DeepSpeed's batch arithmetic, the precision the model was
+    loaded in, and TRL's bucket sizes from the hidden size in place of accelerate's `auto`."""
+    import copy
+
+    from accelerate.utils import DeepSpeedPlugin
+
+    from distill.launch import world_size
+
+    config: dict[str, Any] = copy.deepcopy(DeepSpeedPlugin().deepspeed_config)
+    for key in ("optimizer", "scheduler", "gradient_clipping"):
+        config.pop(key, None)
+    zero = {k: v for k, v in config.get("zero_optimization", {}).items() if v != "auto"}
+    zero.pop("offload_optimizer", None)
+    hidden = int(getattr(model.config, "hidden_size"))  # noqa: B009  (transformers' config attribute)
+    zero.update(
+        stage=3,
+        reduce_bucket_size=hidden * hidden,
+        stage3_param_persistence_threshold=10 * hidden,
+        stage3_prefetch_bucket_size=int(0.9 * hidden * hidden),
+    )
+    dtype = next(model.parameters()).dtype
+    config.update(
+        zero_optimization=zero,
+        train_micro_batch_size_per_gpu=1,
+        gradient_accumulation_steps=1,
+        train_batch_size=world_size(),
+        bf16={"enabled": dtype == torch.bfloat16},
+        fp16={"enabled": dtype == torch.float16},
+    )
+    return config
+
+
+def inference_sharded(model: torch.nn.Module) -> bool:
+    """`model` was split for inference (`shard_for_inference`): its forwards are collectives."""
+    return model in _INFERENCE_SHARDED
+
+
+def inference_forward(model: torch.nn.Module, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` (decoder and head passes of one batch) as one forward of a model sharded for
+    inference, so the root's hooks run around it: FSDP2 gathers the embeddings, final norm and
+    head for it (the layers gather themselves) and lazily sets its groups up on the first;
+    ZeRO-3 starts and ends its forward trace. A whole model runs `fn` as it is."""
+    if not inference_sharded(model):
+        return fn(*args)
+    model.forward = fn  # an instance attribute: nn.Module.__call__ runs it between the hooks
+    try:
+        out: T = model(*args)
+    finally:
+        del model.forward
+    return out
+
+
+def agreed_count(model: torch.nn.Module, count: int) -> int:
+    """The most forwards any rank will run on `model` for this call (`count` for a whole model):
+    a rank with fewer runs the rest on a throwaway batch, so every rank joins each collective."""
+    if not inference_sharded(model):
+        return count
+    import torch.distributed as dist
+
+    # On the model's device: NCCL reduces only CUDA tensors, gloo CPU ones.
+    most = torch.tensor([count], dtype=torch.long, device=next(model.parameters()).device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return int(most.item())
+
+
+def whole_copy(param: Tensor) -> Tensor:
+    """A detached whole copy of a parameter of a model sharded for inference (a collective)."""
+    if isinstance(param, DTensor):
+        return param.full_tensor().detach().clone()
+    if getattr(param, "ds_tensor", None) is not None:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([param]):
+            return param.detach().clone()
+    return param.detach()

@@ -27,8 +27,9 @@ def vocab_rows(engine: Engine) -> int:
         return rows
     model = getattr(engine, "model", None)
     head = getattr(model, "get_output_embeddings", lambda: None)() if model is not None else None
-    weight = getattr(head, "weight", None)
-    return int(weight.shape[0]) if weight is not None else len(engine.tokenizer)
+    # The module's declared rows: a weight split over the ranks (ZeRO-3) holds none of them here.
+    rows = getattr(head, "out_features", None)
+    return int(rows) if isinstance(rows, int) else len(engine.tokenizer)
 
 
 def unpad_rows(ids_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> list[list[int]]:

@@ -20,6 +20,7 @@ import torch
 from distill.config import OnPolicyKL
 from distill.engines.hf import HFEngine
 from distill.engines.worker import WorkerEngine
+from distill.kernels.sharded import inference_sharded, whole_copy
 from distill.methods.scoring import check_lengths
 
 if TYPE_CHECKING:
@@ -81,9 +82,14 @@ def merged(parts: list[tuple[list[int], dict[str, torch.Tensor]]], batch: int) -
 def jsd_head(engine: Engine, device: torch.device, say: Callable[[str], Any] = print) -> torch.nn.Module:
     """jsd's teacher output head on `device`, where the loss applies it (the student's): the
     teacher's own head when its weights are there (the live one of an OPSD teacher), else a
-    frozen copy made once (a teacher on another device, or in its worker process, whose head is
-    then the one piece of it this process holds), said in one line."""
-    if isinstance(engine, HFEngine):
+    frozen copy made once (a teacher on another device, in its worker process, or split over the
+    ranks, whose head is then the one piece of it this process holds whole), said in one line."""
+    if isinstance(engine, HFEngine) and inference_sharded(engine.model):
+        # Split over the ranks (teacher.shard): its head gathered once (every rank builds its trainer).
+        own = engine.model.get_output_embeddings()
+        weight, bias = whole_copy(own.weight), None if own.bias is None else whole_copy(own.bias)
+        where = "sharded over the processes"
+    elif isinstance(engine, HFEngine):
         own = engine.model.get_output_embeddings()
         weight, bias = own.weight, getattr(own, "bias", None)
         assert isinstance(weight, torch.Tensor), "an nn.Linear output head"

@@ -51,17 +51,31 @@ CASES = {
     "opsd-base": ["--method", "opsd", "method.teacher_weights=base"],
     "opsd-ema": ["--method", "opsd", "method.teacher_weights=ema"],
     "opsd-live": ["--method", "opsd", "method.teacher_weights=live"],
-}
+    # The teacher split over the processes (teacher.shard) scores in step on every rank, not in
+    # its worker process: against one process scoring synchronously too.
+    "opd-fkl-sync": ["--method", "opd", "method.loss=forward_kl_topk", "method.top_k=8", "eval.every_steps=2",
+                     "rollout.async_teacher=false"],
+    "opd-jsd-sync": ["--method", "opd", "method.loss=jsd", "rollout.async_teacher=false"],
+}  # fmt: skip
+# A sharded-teacher case: its arguments and the one-process run it must equal.
+SHARDED_TEACHER = {"opd-fkl-tshard": "opd-fkl-sync", "opd-jsd-tshard": "opd-jsd-sync"}
+CASES |= {case: [*CASES[same], "teacher.shard=true"] for case, same in SHARDED_TEACHER.items()}
 # DDP: a direct divergence through the DDP wrapper. FSDP2: each method's path (sft/rose split
 # batches, the head gathered once a pass, the EMA teacher shard by shard). ZeRO-3: TRL's loss and
 # its other partitioning on the head and on the EMA teacher.
 LAUNCHES = {
     "cpu-ddp.yaml": ["opd-fkl"],
-    "cpu-fsdp.yaml": ["sft", "rose", "opd-fkl", "opd-jsd", "opsd-ema"],
+    "cpu-fsdp.yaml": ["sft", "rose", "opd-fkl", "opd-jsd", "opsd-ema", "opd-fkl-tshard"],
     "cpu-zero3.yaml": ["opd-trd", "opsd-ema"],
 }
 if os.environ.get("DISTILL_E2E_FULL_MATRIX"):
-    LAUNCHES |= {"cpu-fsdp.yaml": list(CASES), "cpu-zero3.yaml": list(CASES)}
+    every = [c for c in CASES if c not in SHARDED_TEACHER.values()]
+    LAUNCHES |= {"cpu-fsdp.yaml": every, "cpu-zero3.yaml": every}
+
+
+def _same(case: str) -> str:
+    """The one-process run `case` must equal (a sharded teacher's cannot run in one process)."""
+    return SHARDED_TEACHER.get(case, case)
 
 
 def _args(tiny_zoo, case: str) -> list[str]:
@@ -100,7 +114,8 @@ def _run_many(tiny_zoo, cases: list[str], workspace: Path, config: str | None) -
 def one_process(tiny_zoo, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every case in one process: the runs each launcher is compared with."""
     workspace = tmp_path_factory.mktemp("one")
-    _run_many(tiny_zoo, [c for c in CASES if any(c in cases for cases in LAUNCHES.values())], workspace, None)
+    wanted = {_same(case) for cases in LAUNCHES.values() for case in cases}
+    _run_many(tiny_zoo, [c for c in CASES if c in wanted], workspace, None)
     return workspace
 
 
@@ -131,8 +146,9 @@ def test_processes_train_like_one(config: str, one_process: Path, tiny_zoo, tmp_
     assert proc.stdout.count("student  accuracy") == len(cases)  # only rank 0 reports, once a run
     client = _client(workspace)
     worst: dict[str, float] = {}
+    teacher_bytes: dict[str, tuple[int, int]] = {}
     for case in cases:
-        one, many = one_process / "runs" / case, workspace / "runs" / case
+        one, many = one_process / "runs" / _same(case), workspace / "runs" / case
         summary = json.loads((many / "summary.json").read_text())
         assert summary["status"] == "FINISHED" and summary["steps"] == STEPS, (case, summary.get("error"))
         assert_level(client, many)  # its one MLflow run holds exactly metrics.jsonl
@@ -163,11 +179,21 @@ def test_processes_train_like_one(config: str, one_process: Path, tiny_zoo, tmp_
             assert (final / "optimizer.bin").exists(), case
         if case == "opsd-ema":
             assert (final / "ema_teacher.safetensors").exists()
+        if case in SHARDED_TEACHER:  # each rank holds half of the teacher's weights
+            bytes_one, bytes_many = (_teacher_bytes(run) for run in (one, many))
+            assert 0.5 <= bytes_many / bytes_one <= 0.55, (case, bytes_one, bytes_many)
+            teacher_bytes[case] = (bytes_one, bytes_many)
     _checkpoint_loads(one_process / "runs" / cases[0], workspace / "runs" / cases[0])
     times = (workspace / "spec.json.times").read_text().split()
     print(
-        f"{config}: max |difference| per case {worst}; seconds per run {dict(zip(cases, times, strict=True))}"
+        f"{config}: max |difference| per case {worst}; seconds per run {dict(zip(cases, times, strict=True))}; "
+        f"teacher parameter bytes, one process vs rank 0 of two: {teacher_bytes}"
     )
+
+
+def _teacher_bytes(run_dir: Path) -> int:
+    """The teacher's parameter bytes rank 0 held (the manifest's, from `HFEngine.describe`)."""
+    return int(json.loads((run_dir / "manifest.json").read_text())["models"]["teacher"]["param_bytes"])
 
 
 def _checkpoint_loads(one: Path, many: Path) -> None:
