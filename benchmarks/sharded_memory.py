@@ -4,7 +4,9 @@ Setup: a Qwen3-architecture student with Qwen3's real tokenizer (`zoo:tok-qwen3`
 the head has 151,936 rows, tied to the embedding as Qwen3's small models tie it) and enough layers
 that the parameters are a few hundred million (default: hidden 640, 20 layers, ~200M), fp32, random
 weights, AdamW. Each launch is one process (`python this --worker`) or two over gloo
-(`accelerate launch --config_file configs/accelerate/cpu-fsdp.yaml` / `cpu-zero3.yaml`); each rank
+(`accelerate launch --config_file configs/accelerate/cpu-fsdp.yaml` / `cpu-zero3.yaml`), and ZeRO-3
+once more over one process (`--num_processes 1`: DeepSpeed's own one-process state, so its scaling
+from 1 to 2 is read apart from what it keeps beyond a plain process); each rank
 trains two steps of distill's CE loss (the trainer's path: hidden states through the wrapped model,
 the chunked head through `kernels.sharded.head_call`) on its half of a batch of real text, then:
 
@@ -19,7 +21,7 @@ the chunked head through `kernels.sharded.head_call`) on its half of a batch of 
   rank) with the weights whole, and the chunk rows: the head's working memory, which sharding must
   not change.
 
-    python benchmarks/sharded_memory.py                         # 1 process, FSDP2 and ZeRO-3
+    python benchmarks/sharded_memory.py                         # 1 process, FSDP2, ZeRO-3 (1 and 2)
     python benchmarks/sharded_memory.py --hidden 512 --layers 12 --only fsdp --json
 """
 
@@ -98,7 +100,10 @@ def _state_bytes(module: Any, optimizer: Any) -> int:
         # The working copy's partitions, the fp32 master partitions, the gradient partitions (one
         # flat buffer DeepSpeed keeps allocated) and Adam's moments of the master.
         params = sum(size(local_shard(p)) for p in module.parameters())
-        master = sum(size(t) for t in inner.fp32_partitioned_groups_flat)
+        # A master partition that is the working one (DeepSpeed aliases them when their dtype and
+        # device agree) is counted once.
+        working = {t.data_ptr() for t in inner.fp16_partitioned_groups_flat}
+        master = sum(size(t) for t in inner.fp32_partitioned_groups_flat if t.data_ptr() not in working)
         grads = size(inner.grad_partitions_flat_buffer)
         moments = sum(
             size(v)
@@ -198,6 +203,8 @@ def worker(tokenizer: str, hidden: int, layers: int, rows: int, tokens: int, out
 
 
 def launch_one(kind: str, args: argparse.Namespace, tokenizer: str, out: Path) -> list[dict[str, Any]]:
+    """One launch: `single` (no launcher), `fsdp` / `zero3` (their 2-process configs), `zero3-1`
+    (the ZeRO-3 config over one process: DeepSpeed's own one-process state)."""
     me = [
         __file__,
         "--worker",
@@ -210,7 +217,12 @@ def launch_one(kind: str, args: argparse.Namespace, tokenizer: str, out: Path) -
     ]
     cmd = [sys.executable, *me]
     if kind != "single":
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS[kind]), *me]
+        config, _, count = kind.partition("-")
+        processes = ["--num_processes", count] if count else []
+        cmd = [
+            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS[config]),
+            *processes, *me,
+        ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "OMP_WAIT_POLICY": "PASSIVE"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode:
@@ -241,7 +253,9 @@ def main() -> None:
         worker(tok, int(hidden), int(layers), int(rows), int(tokens), Path(out))
         return
     tokenizer = tokenizer_path(args.workspace)
-    kinds = ["single", *([args.only] if args.only else ["fsdp", "zero3"])]
+    # ZeRO-3 at one process too: its own scaling from 1 to 2, apart from its extra fp32 copy.
+    sharded = [args.only] if args.only else ["fsdp", "zero3"]
+    kinds = ["single", *sharded, *(["zero3-1"] if "zero3" in sharded else [])]
     results = {kind: launch_one(kind, args, tokenizer, args.workspace / f"{kind}.json") for kind in kinds}
     if args.json:
         print(json.dumps(results))
@@ -260,6 +274,12 @@ def main() -> None:
                 f"{r['state_bytes'] / one['state_bytes']:6.2f} {r['step_peak_kb'] / 1024:13.0f} "
                 f"{r['head_pass_peak_kb'] / 1024:13.0f} {r['chunk_rows']:10d}"
             )
+    if "zero3" in results and "zero3-1" in results:
+        own = results["zero3-1"][0]["state_bytes"]
+        worst = max(r["state_bytes"] for r in results["zero3"])
+        print(
+            f"ZeRO-3 at 2 processes vs ZeRO-3 at 1: {worst / own:.2f}x; vs one plain process: {worst / one['state_bytes']:.2f}x"
+        )
 
 
 if __name__ == "__main__":
