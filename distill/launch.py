@@ -193,12 +193,19 @@ def token_share(count: int, device: Any) -> float:
     FSDP and ZeRO do to gradients) to the mean over all of their tokens, as one process computes it."""
     if not _group_ready():
         return 1.0
+    return world_size() * count / max(summed(count, device), 1.0)
+
+
+def summed(count: float, device: Any) -> float:
+    """`count` summed over the processes (itself in one process); a collective every process joins."""
+    if not _group_ready():
+        return float(count)
     import torch
     import torch.distributed as dist
 
     total = torch.tensor([float(count)], dtype=torch.float64, device=device)
     dist.all_reduce(total)
-    return world_size() * count / max(float(total.item()), 1.0)
+    return float(total.item())
 
 
 def per_device(total: int, field: str) -> int:

@@ -48,7 +48,7 @@ from distill.kernels import losses
 from distill.kernels.heads import head_gather, head_gather_topk, select_positions
 from distill.kernels.sharded import full_weights, head_call
 from distill.kernels.states import decoder_states
-from distill.launch import token_share
+from distill.launch import rank, summed, token_share, world_size
 from distill.methods.budget import teacher_turns
 from distill.methods.callbacks import DistillCallback
 from distill.methods.online import CECallback, OnlineTrainer, run_online
@@ -79,14 +79,18 @@ def micro_batch_seed(seed: int, step: int, micro: int) -> int:
 
 def student_turns_for(method: ROSEMethod, rng: random.Random, count: int) -> Any:
     """N per episode: fixed `student_turns`, or drawn from [student_turns_min, student_turns],
-    one draw per item position in order (not in the order the environments start episodes)."""
+    one draw per item position in order (not in the order the environments start episodes). The
+    draws are the whole step's, of which process r plays the r-th of equal slices (as the data
+    loader splits the items): each episode gets the N one process would give it."""
     low = method.student_turns_min
+    first = rank() * count
     drawn = [
-        method.student_turns if low is None else rng.randint(low, method.student_turns) for _ in range(count)
+        method.student_turns if low is None else rng.randint(low, method.student_turns)
+        for _ in range(first + count)
     ]
 
     def pick(ep: Episode) -> int:
-        return drawn[ep.position]
+        return drawn[first + ep.position]
 
     return pick
 
@@ -286,15 +290,19 @@ class EpisodeTrainer(OnlineTrainer):
         return out
 
     def _rose_loss(self, model: Any, episodes: list[Episode]) -> torch.Tensor:
+        """CE on the teacher's turns of this process's episodes. With several processes the step's
+        episodes are split over them: what is refused is judged over all of them, and a process
+        left with nothing to learn from still runs the (zero) loss's forward and backward, whose
+        collectives the others' wait for (DDP, FSDP2, ZeRO-3)."""
         ok = [ep for ep in episodes if not ep.failed and any(ep.mask({"teacher"}))]
-        if not ok:
+        if not summed(len(ok), model.device):
             raise ValueError(
                 f"rose: no episode of step {self.state.global_step + 1} reached a teacher turn (all ended "
                 "within the student's turns); lower method.student_turns"
             )
         # A turn that crossed the tokenizer bridge lossily leaves its episode out of the loss.
         ok = [ep for ep in ok if ep.seam_ok]
-        if not ok:
+        if not summed(len(ok), model.device):
             cfg = self.distill_ctx.config
             raise ValueError(
                 f"rose: no episode of step {self.state.global_step + 1} crossed the tokenizer bridge "
@@ -303,9 +311,14 @@ class EpisodeTrainer(OnlineTrainer):
         if self.distill_ctx.method_as(ROSEMethod).keep_verified_only:
             domain = as_episodic(self.distill_ctx.domain)
             ok = [ep for ep in ok if _verified(ep, domain)]
-            if not ok:  # no gradient this micro-step: the optimizer step leaves the weights as they are
-                return torch.zeros((), device=model.device)
-        return self.ce_step(model, [episode_example(ep, ["teacher"]) for ep in ok])
+        if ok:
+            return self.ce_step(model, [episode_example(ep, ["teacher"]) for ep in ok])
+        if (
+            world_size() == 1
+        ):  # no gradient this micro-step: the optimizer step leaves the weights as they are
+            return torch.zeros((), device=model.device)
+        # An episode with no label: a loss of 0 and zero gradients, through every collective.
+        return self.ce_step(model, [episode_example(episodes[0], [])])
 
 
 def _verified(ep: Episode, domain: Any) -> bool:

@@ -122,3 +122,25 @@ def test_opsd_every_turn_scores_each_token_where_it_sits_in_the_turned_view(
         (scores.widened(plain.logprobs_B_T.shape[1]).logprobs_B_T - plain.logprobs_B_T)[turns_B_T].abs().max()
     )
     assert gap > 1e-4  # the context changes what the teacher expects on the student's turns
+
+
+def test_each_process_gives_its_episodes_the_turns_one_process_would(monkeypatch) -> None:
+    # Several processes split a step's episodes (process r plays the r-th of equal slices): each
+    # episode's N (student turns before the teacher's) must be the one a single process draws for it.
+    import random
+    from types import SimpleNamespace
+
+    from distill.config.methods import ROSEMethod
+    from distill.methods.episode_online import micro_batch_seed, student_turns_for
+
+    method = ROSEMethod(student_turns=6, student_turns_min=0)
+    seed = micro_batch_seed(0, 3, 0)
+    one = student_turns_for(method, random.Random(seed), 8)
+    whole = [one(SimpleNamespace(position=i)) for i in range(8)]
+    assert len(set(whole)) > 1  # the draws differ, so a slice in the wrong place shows
+    split = []
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        mine = student_turns_for(method, random.Random(seed), 4)
+        split += [mine(SimpleNamespace(position=i)) for i in range(4)]
+    assert split == whole
