@@ -8,7 +8,7 @@ resume each with `distill run --resume`, and check what a user relies on:
 - MLflow = metrics.jsonl: the MLflow run holds every (key, step, value) of `metrics.jsonl`
   exactly once and nothing else (steps trained twice must not be logged twice).
 
-    python benchmarks/kill_resume.py                     # 20 kills over opd, rose, sft, opsd-ema, opd-multi
+    python benchmarks/kill_resume.py                     # 20 kills over opd, rose, sft, opsd-ema, opd-multi, opd-alternate
     python benchmarks/kill_resume.py --kills 4 --methods opd --json results.json
 
 Models: `--student`/`--teacher` (default the embedded zoo's, built on first use in
@@ -55,6 +55,17 @@ CASES: dict[str, list[str]] = {
     # One student, a teacher per domain (`--multi-teachers`; by default each domain's zoo teacher
     # of the mixed zoo): rows drawn from both domains, each scored by its own teacher.
     "opd-multi": ["--domain", "rlve,dapo", "--method", "opd"],
+    # The same, one domain a step, each at its own lr with Adam moments of its own (kept outside
+    # the Trainer's optimizer state, saved in each checkpoint).
+    "opd-alternate": [
+        "--domain",
+        "rlve,dapo",
+        "--method",
+        "opd",
+        "domain.alternate=true",
+        "domain.optimizer_state=per_domain",
+        "domain.lr.dapo=3e-4",
+    ],
 }
 # What a complete checkpoint folder holds (any method; the EMA teacher only for opsd-ema).
 CHECKPOINT_FILES = (
@@ -223,6 +234,7 @@ def half_checkpoints(run_dir: Path, case: str) -> list[str]:
     from safetensors import safe_open
 
     need = CHECKPOINT_FILES + (("ema_teacher.safetensors",) if case == "opsd-ema" else ())
+    need += ("domain_moments.pt",) if case == "opd-alternate" else ()
     bad = []
     for folder in sorted((run_dir / "checkpoints").glob("step-*")):
         try:

@@ -288,6 +288,12 @@ def launch_refusal(config: Any, plan: Plan) -> str | None:
             "lora.enabled=true trains adapters on a whole student: use DDP (configs/accelerate/ddp.yaml), "
             "not FSDP or DeepSpeed"
         )
+    if plan.sharded and getattr(config.domain, "optimizer_state", "shared") == "per_domain":
+        # Each domain's optimizer state is swapped in whole (methods/alternate.py).
+        return (
+            "domain.optimizer_state=per_domain keeps each domain's optimizer state whole: "
+            "use DDP (configs/accelerate/ddp.yaml) or one process, not FSDP or DeepSpeed"
+        )
     from distill import teacher_shard
 
     if reason := teacher_shard.refusal(config, plan.strategy):

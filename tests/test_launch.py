@@ -165,6 +165,12 @@ def test_launch_refusals_name_the_fields(tmp_path: Path) -> None:
     assert "lora.enabled=true" in str(launch.launch_refusal(lora, fsdp))
     assert launch.launch_refusal(lora, launch.Plan("ddp", 2)) is None
     assert "fsdp_version=1" in str(launch.launch_refusal(opd, launch.Plan("fsdp1", 2)))
+    moments = resolve_config(
+        "rlve,dapo", "opd", None, ["domain.alternate=true", "domain.optimizer_state=per_domain"]
+    )
+    for plan in (fsdp,) if no_deepspeed else (fsdp, zero3, launch.Plan("deepspeed", 2)):
+        assert str(launch.launch_refusal(moments, plan)).startswith("domain.optimizer_state=per_domain")
+    assert launch.launch_refusal(moments, launch.Plan("ddp", 2)) is None
     # A sharded teacher needs an FSDP2 or ZeRO-3 launch (tests/test_teacher_shard.py: every line).
     shard = resolve_config(
         "rlve", "opd", None, ["teacher.shard=true", "rollout.async_teacher=false", "eval.eval_teacher=false"]

@@ -30,8 +30,6 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
 from distill.config import OnPolicyKL, Sampling
-from distill.domains.mixed import alternating_order, step_plan
-from distill.domains.mixed.config import MixConfig
 from distill.engines import vllm as vllm_engine
 from distill.engines.batched import continue_many
 from distill.engines.decode import lean_decoder
@@ -39,6 +37,7 @@ from distill.engines.worker import WorkerEngine
 from distill.kernels.sharded import full_weights
 from distill.kernels.states import completion_logprobs
 from distill.launch import per_device
+from distill.methods import alternate
 from distill.methods.async_teacher import AsyncTeacher
 from distill.methods.batch import Batches, Rollouts, TeacherSide, cut_out_of_vocab
 from distill.methods.callbacks import DistillCallback, quiet, trainer_common_args
@@ -126,23 +125,17 @@ class OnPolicyTrainer(GRPOTrainer):
         # The run's first batch (this process's): preflight checks it with the student's own scores.
         self._first_batch = True
         # With domain.alternate: each step's lr over optim.lr (its domain's own), else None.
-        self.lr_factors = lr_factors(ctx)
+        self.lr_factors = alternate.lr_factors(ctx)
         self._alternating: torch.optim.lr_scheduler.LambdaLR | None = None
         super().__init__(**kwargs)
 
     def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
-        """optim.scheduler's schedule; with domain.alternate, each step's lr scaled to its domain's
-        (a function of the step alone, so a resumed run's lr is the uninterrupted run's)."""
+        """optim.scheduler's schedule; with domain.alternate, each step's lr scaled to its domain's."""
         scheduler = super().create_scheduler(num_training_steps, optimizer)
         factors = self.lr_factors
         if factors is None or scheduler is self._alternating:
             return scheduler
-        assert isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR)  # every optim.scheduler is one
-        shape = scheduler.lr_lambdas[0]
-        last = len(factors) - 1
-        self._alternating = self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            scheduler.optimizer, lambda step: shape(step) * factors[min(step, last)]
-        )
+        self._alternating = self.lr_scheduler = alternate.scaled(scheduler, factors)
         return self.lr_scheduler
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -237,25 +230,6 @@ class OnPolicyTrainer(GRPOTrainer):
         return logps, (entropies if compute_entropy else None), None
 
 
-def _alternation(ctx: RunContext) -> list[str] | None:
-    """The domain of each step of a mix with `domain.alternate` (None: every step mixed)."""
-    domain = ctx.config.domain
-    if not isinstance(domain, MixConfig) or not domain.alternate:
-        return None
-    return step_plan(domain.weights(), ctx.config.optim.max_steps)
-
-
-def lr_factors(ctx: RunContext) -> list[float] | None:
-    """Each step's lr over optim.lr with `domain.alternate` (its domain's `domain.lr`)."""
-    plan = _alternation(ctx)
-    if plan is None:
-        return None
-    lr = ctx.config.optim.lr
-    assert isinstance(ctx.config.domain, MixConfig)
-    rates = ctx.config.domain.rates(lr)
-    return [rates[part] / lr for part in plan]
-
-
 def _last_before_checkpoint(trainer: GRPOTrainer) -> bool:
     """Whether this step is the run's last or ends in a checkpoint. Nothing is generated ahead
     then: a run resumed from that checkpoint starts with nothing in flight, and so does the run
@@ -325,15 +299,15 @@ def _train(
     items = ctx.items = ctx.domain.train_items()
     # Conversational prompts: TRL renders them with the chat template and tokenises without adding
     # special tokens again, exactly as HFEngine.prompt_ids does for the teacher (see preflight).
-    plan = _alternation(ctx)
-    order: Sequence[int] = range(len(items))
-    if plan is not None:
-        # Each step's prompts from its domain alone, in the plan's order (not shuffled again).
-        order = alternating_order(items, plan, cfg.rollout.prompts_per_step * cfg.optim.grad_accum, cfg.seed)
-    rows = [{"prompt": [{"role": "user", "content": items[i].prompt}], "item_index": i} for i in order]
+    # domain.alternate: each step's prompts from its domain alone, in the plan's order (not shuffled).
+    order = alternate.prompt_order(ctx, items)
+    rows = [
+        {"prompt": [{"role": "user", "content": items[i].prompt}], "item_index": i}
+        for i in (range(len(items)) if order is None else order)
+    ]
     sampling = cfg.rollout.sampling()
     args = grpo_args(ctx, sampling)
-    args.shuffle_dataset = plan is None
+    args.shuffle_dataset = order is None
     with warnings.catch_warnings():
         # rollout_func is a public GRPOTrainer argument TRL still calls experimental.
         warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
@@ -365,7 +339,7 @@ def _trainer(
         args=args,
         train_dataset=Dataset.from_list(rows),
         processing_class=ctx.student.tokenizer,
-        callbacks=[DistillCallback(ctx), *callbacks, *ctx.callbacks],
+        callbacks=[DistillCallback(ctx), *callbacks, *ctx.callbacks, *alternate.moments(ctx)],
         peft_config=lora_config(ctx),
         rollout_func=lean,
     )

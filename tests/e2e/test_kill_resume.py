@@ -99,3 +99,44 @@ def test_killed_and_resumed_run_ends_with_the_uninterrupted_weights(
         # The EMA teacher travels with every checkpoint.
         for folder in sorted((run_dir / "checkpoints").glob("step-*")):
             assert (folder / "ema_teacher.safetensors").is_file(), folder
+
+
+def test_an_alternating_mix_with_moments_per_domain_resumes_to_the_same_weights(
+    tiny_zoo, tmp_path: Path
+) -> None:
+    """One domain a step, each with Adam moments of its own: the moments of every domain travel
+    with each checkpoint, and a run killed in a checkpoint save ends as the uninterrupted one."""
+    import torch
+
+    from distill.domains.mixed import step_plan
+
+    bench = _bench()
+    models = {"rlve": str(tiny_zoo.teacher), "dapo": str(tiny_zoo.teacher)}
+    sizes = [f"domain.parts.{d}.{f}" for d in models for f in ("train_size=8", "eval_size=2")]
+    setup = bench.Setup(
+        str(tiny_zoo.student),
+        str(tiny_zoo.teacher),
+        steps=STEPS,
+        every=2,
+        multi_student=str(tiny_zoo.student),
+        multi_teachers=models,
+        extra=["domain.train_size=16", "domain.mix.rlve=1", "domain.mix.dapo=2", *sizes],
+    )
+    seed = random.randrange(1 << 30)
+    moment = bench.draw_moment(random.Random(seed), setup, save=True, resumable=True)
+    why = f"killed {moment.describe()} (seed {seed})"
+    ref_ws, ws = tmp_path / "ref", tmp_path / "kill"
+    reference = bench.start(setup.args("opd-alternate", "ref"), ref_ws, tmp_path / "ref.log")
+    victim = bench.start(setup.args("opd-alternate", "victim"), ws, tmp_path / "victim.log")
+    run_dir = ws / "runs" / "victim"
+    assert bench.kill_at(victim, run_dir, moment, timeout=300), (tmp_path / "victim.log").read_text()[-2000:]
+    assert bench.half_checkpoints(run_dir, "opd-alternate") == [], why
+    assert reference.wait(timeout=300) == 0, (tmp_path / "ref.log").read_text()[-3000:]
+    rc = bench.finish(["run", "--resume", "victim"], ws, tmp_path / "victim.log", timeout=300)
+    assert rc == 0, f"{why}\n{(tmp_path / 'victim.log').read_text()[-3000:]}"
+    assert bench.final_weights(run_dir, STEPS) == bench.final_weights(ref_ws / "runs" / "ref", STEPS), why
+    # Each domain's moments have stepped on its own steps only (one shared state would count all).
+    plan = step_plan({"rlve": 1 / 3, "dapo": 2 / 3}, STEPS)
+    saved = torch.load(run_dir / "checkpoints" / f"step-{STEPS}" / "domain_moments.pt", weights_only=True)
+    steps = {part: {float(s["step"]) for s in state.values()} for part, state in saved.items()}
+    assert steps == {"rlve": {float(plan.count("rlve"))}, "dapo": {float(plan.count("dapo"))}}

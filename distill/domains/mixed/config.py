@@ -3,7 +3,7 @@ the mix its training prompts are drawn in."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
@@ -18,7 +18,7 @@ class MixConfig(DomainBase):
     `eval_size` and `eval_seed`."""
 
     # How items are drawn, not which items each part has: the parts' cached items stay theirs.
-    runtime_fields: ClassVar[tuple[str, ...]] = ("alternate", "lr")
+    runtime_fields: ClassVar[tuple[str, ...]] = ("alternate", "lr", "optimizer_state")
 
     name: str
     parts: dict[str, SerializeAsAny[DomainBase]] = Field(default_factory=dict)
@@ -30,6 +30,10 @@ class MixConfig(DomainBase):
     # A domain's learning rate with `alternate`: its steps train at this lr, shaped by
     # optim.scheduler as every step is; a domain left out trains at optim.lr.
     lr: dict[str, float] = Field(default_factory=dict)
+    # per_domain with `alternate`: each domain's steps keep Adam moments of their own (the weights
+    # are shared), so each follows its own gradients as in a run of its own (methods/alternate.py);
+    # one optimizer state a domain.
+    optimizer_state: Literal["shared", "per_domain"] = "shared"
 
     @model_validator(mode="before")
     @classmethod
@@ -79,6 +83,10 @@ class MixConfig(DomainBase):
         bad = [k for k, lr in self.lr.items() if not lr > 0]
         if bad:
             raise ValueError(f"lr.{bad[0]}: a learning rate must be > 0")
+        if self.optimizer_state == "per_domain" and not self.alternate:
+            raise ValueError(
+                "optimizer_state: a step trains every domain at once; set domain.alternate=true for per_domain"
+            )
         if self.lr and not self.alternate:
             raise ValueError(
                 "lr: a step trains every domain at once; set domain.alternate=true for a domain's own lr"
