@@ -16,9 +16,9 @@ from e2e.test_run import _distill, _only_run
 pytestmark = pytest.mark.integration
 
 
-def test_two_domains_two_teachers_one_of_another_family(tmp_path: Path, tiny_zoo: Any) -> None:
-    ws = tmp_path / "ws"
-    args = [
+def _two_domains(tiny_zoo: Any, teachers: list[str], *overrides: str) -> list[str]:
+    """`distill run` over rlve and dapo on the tiny zoo, a few prompts and tokens a step."""
+    return [
         "run",
         "--domain",
         "rlve,dapo",
@@ -26,25 +26,27 @@ def test_two_domains_two_teachers_one_of_another_family(tmp_path: Path, tiny_zoo
         "opd",
         "--student",
         str(tiny_zoo.student),
-        "--teacher",
-        f"rlve={tiny_zoo.teacher}",
-        "--teacher",
-        f"dapo={tiny_zoo.teacher_llama}",
+        *teachers,
         "domain.train_size=16",
         "domain.parts.rlve.train_size=8",
         "domain.parts.dapo.train_size=8",
         "domain.parts.rlve.eval_size=4",
         "domain.parts.dapo.eval_size=4",
-        "optim.max_steps=2",
         "checkpoint.every_steps=0",
         "rollout.prompts_per_step=2",
         "rollout.num_generations=2",
         "rollout.max_new_tokens=12",
-        "rollout.async_teacher=true",
         "method.top_k=4",
         "eval.max_new_tokens=8",
         "threads=1",
+        *overrides,
     ]
+
+
+def test_two_domains_two_teachers_one_of_another_family(tmp_path: Path, tiny_zoo: Any) -> None:
+    ws = tmp_path / "ws"
+    teachers = ["--teacher", f"rlve={tiny_zoo.teacher}", "--teacher", f"dapo={tiny_zoo.teacher_llama}"]
+    args = _two_domains(tiny_zoo, teachers, "optim.max_steps=2", "rollout.async_teacher=true")
     proc = _distill(args, ws, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = _only_run(ws)
@@ -79,21 +81,9 @@ def test_two_domains_two_teachers_one_of_another_family(tmp_path: Path, tiny_zoo
 
 def test_alternate_steps_each_train_one_domain_at_its_own_lr(tmp_path: Path, tiny_zoo: Any) -> None:
     ws = tmp_path / "ws"
-    args = [
-        "run",
-        "--domain",
-        "rlve,dapo",
-        "--method",
-        "opd",
-        "--student",
-        str(tiny_zoo.student),
-        "--teacher",
-        str(tiny_zoo.teacher),
-        "domain.train_size=12",
-        "domain.parts.rlve.train_size=8",
-        "domain.parts.dapo.train_size=8",
-        "domain.parts.rlve.eval_size=2",
-        "domain.parts.dapo.eval_size=2",
+    args = _two_domains(
+        tiny_zoo,
+        ["--teacher", str(tiny_zoo.teacher)],
         "domain.mix.rlve=1",
         "domain.mix.dapo=2",
         "domain.alternate=true",
@@ -101,14 +91,7 @@ def test_alternate_steps_each_train_one_domain_at_its_own_lr(tmp_path: Path, tin
         "optim.lr=1e-4",
         "optim.scheduler=constant",
         "optim.max_steps=3",
-        "checkpoint.every_steps=0",
-        "rollout.prompts_per_step=2",
-        "rollout.num_generations=2",
-        "rollout.max_new_tokens=8",
-        "method.top_k=4",
-        "eval.max_new_tokens=4",
-        "threads=1",
-    ]
+    )
     proc = _distill(args, ws, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (_only_run(ws) / "metrics.jsonl").read_text().splitlines()]
