@@ -11,6 +11,7 @@ doing its job, not a stall (schedule.py); the embedded OPD run's loss is flat fr
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -92,6 +93,32 @@ def _grad_collapse(grad: Series | None) -> list[Evidence]:
     ]
 
 
+# A student that ends this close to its teacher (share of the before -> teacher gap) has learned
+# what the targets hold: a stall then is the end of the signal, not a fault.
+CAUGHT_UP = 0.9
+
+
+def _caught_up(rec: RunRecord) -> list[Evidence]:
+    """The final eval against the teacher's where the student closed CAUGHT_UP of the gap."""
+    keys = ("student_before", "student_after", "teacher_score")
+    scores: list[dict[str, Any]] = [x for x in (rec.summary.get(k) for k in keys) if isinstance(x, dict)]
+    if len(scores) < len(keys):
+        return []
+    name = next((n for n in ("accuracy", "score") if all(n in x for x in scores)), None)
+    if name is None:
+        return []
+    before, after, teacher = (float(x[name]) for x in scores)
+    gap = teacher - before
+    if not (gap > 0 and after - before >= CAUGHT_UP * gap):
+        return []
+    return [
+        Evidence(
+            f"summary.json student_after.{name}", after, note=f"{pct((after - before) / gap)} of the gap"
+        ),
+        Evidence(f"summary.json teacher_score.{name}", teacher),
+    ]
+
+
 def plateau(rec: RunRecord) -> list[Finding]:
     """A loss that stopped moving while the lr could still move it, or a grad_norm collapse.
 
@@ -110,6 +137,18 @@ def plateau(rec: RunRecord) -> list[Finding]:
     if not (flat or collapse_ev):
         return []
     what = " and ".join(w for w, on in (("loss plateau", flat), ("grad_norm collapse", collapse_ev)) if on)
+    done = _caught_up(rec)
+    if done:
+        return [
+            Finding(
+                name="training_stalled",
+                severity=Severity.INFO,
+                title=f"training stalled ({what}) once the student had reached its teacher",
+                evidence=evidence + done,
+                why="The student ends within a tenth of the gap to its teacher: the targets hold little it "
+                "has not learned, so the updates shrink. Nothing to fix.",
+            )
+        ]
     fixes: list[Fix] = []
     if flat and since is not None and since < rec.train_steps():
         fixes.append(Fix("optim.max_steps", str(since), "steps after the plateau bought no training signal"))

@@ -97,3 +97,31 @@ def test_precision_in_fp32_or_bf16_never_raises_the_lr(make_run: MakeRun) -> Non
         assert f.advice
     [f] = [x for x in diagnose(load_run("p16")) if x.name == "precision"]
     assert f.severity is Severity.ERROR and [x.override for x in f.fixes] == ["student.precision=fp32"]
+
+
+@pytest.mark.parametrize(("after", "severity"), [(0.96, Severity.INFO), (0.50, Severity.WARNING)])
+def test_a_stall_after_the_student_reached_its_teacher_is_not_a_fault(
+    make_run: MakeRun, after: float, severity: Severity
+) -> None:
+    # The dapo teacher-SFT preset's shape: 13.5% -> 96.0% against a 97.5% teacher, grad_norm down
+    # to a tenth of its start while the cosine lr is still high.
+    rows = series_rows(
+        STEPS,
+        train__loss=lambda s: 0.5,
+        train__lr=_cosine,
+        train__grad_norm=lambda s: 1.0 if s < 100 else 0.1,
+    )
+    summary = {
+        "student_before": {"accuracy": 0.135},
+        "student_after": {"accuracy": after},
+        "teacher_score": {"accuracy": 0.975},
+    }
+    make_run(
+        "sft",
+        config={"optim.lr": 1.8e-3, "optim.scheduler": "cosine", "optim.max_steps": STEPS},
+        metrics=rows,
+        summary=summary,
+    )
+    [f] = plateau(load_run("sft"))
+    assert f.severity == severity
+    assert (f.fixes == []) == (severity == Severity.INFO)
