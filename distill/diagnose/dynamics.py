@@ -11,10 +11,10 @@ doing its job, not a stall (schedule.py); the embedded OPD run's loss is flat fr
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
+from distill.diagnose.eval_rules import summary_headline
 from distill.diagnose.findings import Evidence, Finding, Fix, Severity, fmt, pct
 from distill.diagnose.records import RunRecord, Series
 from distill.diagnose.schedule import DECAYED, schedule
@@ -100,22 +100,18 @@ CAUGHT_UP = 0.9
 
 def _caught_up(rec: RunRecord) -> list[Evidence]:
     """The final eval against the teacher's where the student closed CAUGHT_UP of the gap."""
-    keys = ("student_before", "student_after", "teacher_score")
-    scores: list[dict[str, Any]] = [x for x in (rec.summary.get(k) for k in keys) if isinstance(x, dict)]
-    if len(scores) < len(keys):
-        return []
-    name = next((n for n in ("accuracy", "score") if all(n in x for x in scores)), None)
+    before, after, teacher = (
+        rec.summary.get(k, {}) for k in ("student_before", "student_after", "teacher_score")
+    )
+    name = summary_headline(before, after, teacher)
     if name is None:
         return []
-    before, after, teacher = (float(x[name]) for x in scores)
-    gap = teacher - before
-    if not (gap > 0 and after - before >= CAUGHT_UP * gap):
+    b, a, t = float(before[name]), float(after[name]), float(teacher[name])
+    if not (t > b and a - b >= CAUGHT_UP * (t - b)):
         return []
     return [
-        Evidence(
-            f"summary.json student_after.{name}", after, note=f"{pct((after - before) / gap)} of the gap"
-        ),
-        Evidence(f"summary.json teacher_score.{name}", teacher),
+        Evidence(f"summary.json student_after.{name}", a, note=f"{pct((a - b) / (t - b))} of the gap"),
+        Evidence(f"summary.json teacher_score.{name}", t),
     ]
 
 

@@ -313,9 +313,8 @@ class EpisodeTrainer(OnlineTrainer):
             ok = [ep for ep in ok if _verified(ep, domain)]
         if ok:
             return self.ce_step(model, [episode_example(ep, ["teacher"]) for ep in ok])
-        if (
-            world_size() == 1
-        ):  # no gradient this micro-step: the optimizer step leaves the weights as they are
+        if world_size() == 1:
+            # No gradient this micro-step: the optimizer step leaves the weights as they are.
             return torch.zeros((), device=model.device)
         # An episode with no label: a loss of 0 and zero gradients, through every collective.
         return self.ce_step(model, [episode_example(episodes[0], [])])
