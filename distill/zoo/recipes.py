@@ -167,8 +167,15 @@ DOMAIN_RECIPES: dict[str, dict[str, Recipe]] = {
     # lift of the student (docs/grid.md, "`make run` in less work", has the numbers).
     "rlve": {"teacher": RECIPES["teacher"].model_copy(update={"steps": 250})},
     # One student for both domains: each single-domain student's slice (256 items) from each part,
-    # and as many passes over them; each part's teacher is `teacher@<part>` (zoo/build.py).
-    "rlve+dapo": {"student": student_shape(steps=600, lr=3e-3, batch_size=32, data_items=512)},
+    # and as many passes over them; each part's teacher is `teacher@<part>` (zoo/build.py). Width
+    # 96 (3 heads), between the students' 64 and the teachers' 128: at 64 the two domains shared
+    # too little room, and the mix kept 0.58 of dapo's own lift however it was mixed; at 96 it
+    # keeps about all of each (docs/multi_teacher.md).
+    "rlve+dapo": {
+        "student": student_shape(
+            hidden=96, heads=3, intermediate=288, steps=600, lr=3e-3, batch_size=32, data_items=512
+        )
+    },
     "sciworld": {
         # Without the detours (300 steps) the teacher scored higher on its own but, inside an
         # OPD student's loops, repeated the student's action or wrote none: it finished far
