@@ -4,8 +4,8 @@ the same starting student.
 One student (the mixed zoo's `zoo:student`, built from both domains' slices) is trained
 
 - on rlve alone by rlve's teacher, and on dapo alone by dapo's teacher (each domain's OPD preset);
-- on both at once, each row by its own domain's teacher (`configs/rlve+dapo/opd.yaml`: the two
-  presets' steps together, each domain at its own rate);
+- on both at once, each row by its own domain's teacher (`configs/rlve+dapo/opd.yaml`: 1.2x the
+  two presets' steps together);
 - on one domain after the other (`rlve-then-dapo`: the rlve run's student trained on dapo by the
   dapo preset; `dapo-then-rlve` the other way round), the first domain evaluated again after the
   second: what a researcher without a mix would do;
@@ -38,7 +38,6 @@ from typing import Any
 # Case names: one domain alone (rlve, dapo), both in one run (mixed), one after the other
 # (<first>-then-<second>); -llama: dapo's teacher is the cross-family one.
 CASES = ("rlve", "dapo", "mixed", "dapo-llama", "mixed-llama", "rlve-then-dapo", "dapo-then-rlve")
-PRESET_STEPS = {"rlve": 200, "dapo": 400, "rlve+dapo": 600}
 # The first stage of a sequential case, and the domain it trains second.
 SEQUENTIAL = {"rlve-then-dapo": ("rlve", "dapo"), "dapo-then-rlve": ("dapo", "rlve")}
 # The eval of the first domain after the second, beside the runs: <workspace>/<EVALS>/<run>.json.
@@ -68,6 +67,13 @@ class Job:
     cmd: list[str]
     after: str | None = None
     extra: list[str] = field(default_factory=list)
+
+
+def preset_steps(domain: str) -> int:
+    """The steps of `domain`'s OPD preset (`configs/<domain>/opd.yaml`), which each case runs."""
+    from distill.config.files import preset_path, read_yaml
+
+    return int(read_yaml(preset_path(domain, "opd"))["optim"]["max_steps"])
 
 
 def run_name(case: str, seed: int, variant: str = "") -> str:
@@ -111,7 +117,7 @@ def make_job(case: str, seed: int, args: argparse.Namespace, zoo: dict[str, str]
     student = (
         str(final_checkpoint(args.workspace, after)) if after and _finished(args.workspace, after) else None
     )
-    steps = max(1, round(PRESET_STEPS[trained_domain(case)] * args.steps_scale))
+    steps = max(1, round(preset_steps(trained_domain(case)) * args.steps_scale))
     cmd = [sys.executable, "-m", "distill", "run", "--method", "opd", *case_args(case, zoo, student)]
     cmd += [f"seed={seed}", f"optim.max_steps={steps}", f"eval.items={args.eval_items}"]
     cmd += [f"tracking.run_name={name}", "rollout.async_teacher=false"]

@@ -21,8 +21,9 @@ def test_two_domains_make_one_mixed_config_with_each_parts_own_fields() -> None:
     assert cfg.domain.name == "rlve+dapo"
     assert cfg.domain.parts["dapo"].max_value == 30  # type: ignore[attr-defined]
     assert cfg.domain.weights() == {"rlve": 0.25, "dapo": 0.75}  # type: ignore[attr-defined]
-    # Its own preset: the two single-domain OPD budgets together (200 and 400 steps), rlve:dapo 2:3.
-    assert cfg.optim.max_steps == 600
+    # Its own preset: 1.2x the two single-domain OPD budgets together (200 and 400 steps), rlve:dapo 2:3.
+    single = sum(resolve_config(d, "opd").optim.max_steps for d in ("rlve", "dapo"))
+    assert cfg.optim.max_steps == round(1.2 * single) == 720
     preset = resolve_config("rlve,dapo", "opd")
     assert preset.domain.weights() == pytest.approx({"rlve": 0.4, "dapo": 0.6})  # type: ignore[attr-defined]
     # A mix without a preset of its own takes its first part's.

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from distill.config import resolve_config
 from distill.grid.spec import Cell, GridRefused, _resolve, cell_config, plan
 
 
@@ -104,8 +105,10 @@ def test_cli_refuses_bad_input_with_one_line_and_writes_nothing(
 def test_a_mixed_domain_is_a_row_of_its_own() -> None:
     spec = _plan("rlve,dapo,rlve+dapo", "opd", seeds=1)
     assert [c.label for c in spec.cells()] == ["rlve/opd/s0", "dapo/opd/s0", "rlve+dapo/opd/s0"]
-    # The mix's budget is its own preset's: the two domains' steps together.
-    assert spec.budgets["rlve+dapo"].steps == spec.budgets["rlve"].steps + spec.budgets["dapo"].steps
+    # The mix's budget is its own preset's (1.2x the two domains' steps together), not a part's.
+    together = spec.budgets["rlve"].steps + spec.budgets["dapo"].steps
+    assert spec.budgets["rlve+dapo"].steps == resolve_config("rlve,dapo", "opd").optim.max_steps
+    assert spec.budgets["rlve+dapo"].steps == round(1.2 * together)
     cfg = cell_config(spec, Cell("rlve+dapo", "opd", 0))
     assert cfg.domain.name == "rlve+dapo" and cfg.domain.weights()["dapo"] == pytest.approx(0.6)
     # A method that trains one domain per run is refused with the cell to leave out.
